@@ -1,0 +1,169 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kelseyhightower/envconfig"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"transferconsumer/consumer"
+)
+
+// config is every setting, each an environment variable; --help prints them.
+type config struct {
+	AMQPURL         string        `envconfig:"AMQP_URL" default:"amqp://guest:guest@localhost:5672/" desc:"RabbitMQ URL, vhost included"`
+	DatabaseURL     string        `envconfig:"DATABASE_URL" default:"postgres://postgres@localhost:5432/transfers?sslmode=disable" desc:"PostgreSQL URL; the database is created if missing (when the user may)"`
+	QueueCount      int           `envconfig:"QUEUE_COUNT" default:"8" desc:"partition queues PREFIX.0 … PREFIX.(N-1) bound to the hash exchange"`
+	Prefix          string        `envconfig:"TOPOLOGY_PREFIX" default:"transfers" desc:"name of the hash exchange and prefix of the queues, PREFIX.dlx and PREFIX.dlq"`
+	DeliveryLimit   int           `envconfig:"DELIVERY_LIMIT" default:"5" desc:"quorum x-delivery-limit: returns of a message before the broker dead-letters it"`
+	DeclareTopology bool          `envconfig:"DECLARE_TOPOLOGY" default:"true" desc:"declare exchanges, queues and bindings on every connect"`
+	InstanceName    string        `envconfig:"INSTANCE_NAME" desc:"name in connection names, consumer tags and dead-letter headers (default HOSTNAME-PID)"`
+	ShutdownTimeout time.Duration `envconfig:"SHUTDOWN_TIMEOUT" default:"30s" desc:"time the message in hand may take to finish once SIGTERM arrives"`
+	ApplyTimeout    time.Duration `envconfig:"APPLY_TIMEOUT" default:"15s" desc:"time one attempt to apply an event may take"`
+	RetryMin        time.Duration `envconfig:"RETRY_MIN" default:"100ms" desc:"first wait before retrying a transient database failure"`
+	RetryMax        time.Duration `envconfig:"RETRY_MAX" default:"10s" desc:"longest wait between retries of a transient database failure"`
+	ReconnectMin    time.Duration `envconfig:"RECONNECT_MIN" default:"500ms" desc:"first wait before reconnecting to the broker or database"`
+	ReconnectMax    time.Duration `envconfig:"RECONNECT_MAX" default:"30s" desc:"longest wait between reconnects"`
+	DBMaxConns      int           `envconfig:"DB_MAX_CONNS" default:"0" desc:"database connection pool size (0: QUEUE_COUNT+2)"`
+	LogLevel        string        `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+	LogFormat       string        `envconfig:"LOG_FORMAT" default:"json" desc:"json or text"`
+}
+
+func loadConfig() (config, error) {
+	var c config
+	if err := envconfig.Process("", &c); err != nil {
+		return c, fmt.Errorf("configuration: %w", err)
+	}
+	return c, c.validate()
+}
+
+// validate rejects values the service cannot run with, naming the variable.
+func (c config) validate() error {
+	bad := func(name, format string, a ...any) error {
+		return fmt.Errorf("configuration: %s: %s", name, fmt.Sprintf(format, a...))
+	}
+	if _, err := amqp.ParseURI(c.AMQPURL); err != nil {
+		return bad("AMQP_URL", "not an AMQP URL: %v", redactErr(err, c.AMQPURL))
+	}
+	if u, err := url.Parse(c.DatabaseURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" {
+		return bad("DATABASE_URL", "want postgres://user@host:port/database?sslmode=…, got %q", redact(c.DatabaseURL))
+	}
+	switch {
+	case c.QueueCount < 1 || c.QueueCount > 1024:
+		return bad("QUEUE_COUNT", "must be between 1 and 1024, got %d", c.QueueCount)
+	case c.Prefix == "" || strings.ContainsAny(c.Prefix, " \t\n"):
+		return bad("TOPOLOGY_PREFIX", "must be a non-empty name without spaces, got %q", c.Prefix)
+	case c.DeliveryLimit < 1:
+		return bad("DELIVERY_LIMIT", "must be at least 1, got %d", c.DeliveryLimit)
+	case c.ShutdownTimeout <= 0:
+		return bad("SHUTDOWN_TIMEOUT", "must be positive, got %s", c.ShutdownTimeout)
+	case c.ApplyTimeout <= 0:
+		return bad("APPLY_TIMEOUT", "must be positive, got %s", c.ApplyTimeout)
+	case c.RetryMin <= 0 || c.RetryMax < c.RetryMin:
+		return bad("RETRY_MIN/RETRY_MAX", "need 0 < RETRY_MIN <= RETRY_MAX, got %s and %s", c.RetryMin, c.RetryMax)
+	case c.ReconnectMin <= 0 || c.ReconnectMax < c.ReconnectMin:
+		return bad("RECONNECT_MIN/RECONNECT_MAX", "need 0 < RECONNECT_MIN <= RECONNECT_MAX, got %s and %s", c.ReconnectMin, c.ReconnectMax)
+	case c.DBMaxConns < 0:
+		return bad("DB_MAX_CONNS", "must not be negative, got %d", c.DBMaxConns)
+	}
+	if _, err := parseLevel(c.LogLevel); err != nil {
+		return bad("LOG_LEVEL", "%v", err)
+	}
+	if c.LogFormat != "json" && c.LogFormat != "text" {
+		return bad("LOG_FORMAT", "must be json or text, got %q", c.LogFormat)
+	}
+	return nil
+}
+
+func (c config) instance() string {
+	if c.InstanceName != "" {
+		return c.InstanceName
+	}
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s-%d", host, os.Getpid())
+}
+
+func (c config) dbMaxConns() int {
+	if c.DBMaxConns > 0 {
+		return c.DBMaxConns
+	}
+	return c.QueueCount + 2
+}
+
+func (c config) backoff() consumer.Backoff {
+	return consumer.Backoff{Min: c.ReconnectMin, Max: c.ReconnectMax}
+}
+
+func (c config) topology() consumer.Topology {
+	return consumer.Topology{Prefix: c.Prefix, Queues: c.QueueCount, DeliveryLimit: c.DeliveryLimit}
+}
+
+func (c config) consumerConfig(log *slog.Logger) consumer.Config {
+	return consumer.Config{
+		URL:             c.AMQPURL,
+		Topology:        c.topology(),
+		Declare:         c.DeclareTopology,
+		Instance:        c.instance(),
+		ShutdownTimeout: c.ShutdownTimeout,
+		ApplyTimeout:    c.ApplyTimeout,
+		Retry:           consumer.Backoff{Min: c.RetryMin, Max: c.RetryMax},
+		Reconnect:       c.backoff(),
+		Logger:          log,
+	}
+}
+
+func printUsage(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	const format = "Environment variables:\n\n" +
+		"VARIABLE\tDEFAULT\tMEANING\n" +
+		"{{range .}}{{usage_key .}}\t{{usage_default .}}\t{{usage_description .}}\n{{end}}"
+	if err := envconfig.Usagef("", &config{}, tw, format); err != nil {
+		return err
+	}
+	fmt.Fprintln(tw)
+	return tw.Flush()
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	err := l.UnmarshalText([]byte(s))
+	return l, err
+}
+
+func newLogger(c config, w io.Writer) (*slog.Logger, error) {
+	level, err := parseLevel(c.LogLevel)
+	if err != nil {
+		return nil, err
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	if c.LogFormat == "text" {
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	}
+	return slog.New(slog.NewJSONHandler(w, opts)), nil
+}
+
+// redact hides the password of a URL, so no log line or error carries it.
+func redact(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Redacted()
+}
+
+func redactErr(err error, raw string) string {
+	msg := err.Error()
+	if u, perr := url.Parse(raw); perr == nil && u.User != nil {
+		if p, ok := u.User.Password(); ok && p != "" {
+			msg = strings.ReplaceAll(msg, p, "xxxxx")
+		}
+	}
+	return msg
+}

@@ -1,0 +1,184 @@
+package consumer
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/json"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+	"unicode"
+	"unicode/utf8"
+)
+
+// EventTransferCreated is the only event type this version applies; any
+// other eventType is poison.
+const EventTransferCreated = "TransferCreated"
+
+// Event is a decoded, validated transfer event. Every field has been checked
+// against the contract, so the database side trusts it as it is.
+type Event struct {
+	ID         string // eventId, canonical lower-case UUID
+	Type       string // eventType
+	OccurredAt time.Time
+	Transfer   Transfer
+	// Fingerprint is a SHA-256 of the event's canonical content. The inbox
+	// keeps it so that the same eventId with other content (a producer bug)
+	// can be told apart from an honest redelivery.
+	Fingerprint []byte
+}
+
+// Transfer is the data of a transfer event.
+type Transfer struct {
+	ID          string // transferId, canonical lower-case UUID
+	FromAccount string
+	ToAccount   string
+	AmountMinor int64
+	Currency    string
+}
+
+type wireEvent struct {
+	EventID    string   `json:"eventId"`
+	EventType  string   `json:"eventType"`
+	OccurredAt string   `json:"occurredAt"`
+	Data       *wireData `json:"data"`
+}
+
+type wireData struct {
+	TransferID  string          `json:"transferId"`
+	FromAccount string          `json:"fromAccount"`
+	ToAccount   string          `json:"toAccount"`
+	AmountMinor json.RawMessage `json:"amountMinor"`
+	Currency    string          `json:"currency"`
+}
+
+var (
+	uuidPattern     = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+	currencyPattern = regexp.MustCompile(`^[A-Z]{3}$`)
+)
+
+// Decode parses and validates a message body. messageID and msgType are the
+// AMQP properties; when the producer sets them they must agree with the body,
+// which is authoritative. Every error it returns is Poison: a body that is not
+// a valid event will never become one by retrying.
+func Decode(body []byte, messageID, msgType string) (Event, error) {
+	ev, err := decode(body, messageID, msgType)
+	if err != nil {
+		return Event{}, Poison(err)
+	}
+	return ev, nil
+}
+
+func decode(body []byte, messageID, msgType string) (Event, error) {
+	if !utf8.Valid(body) {
+		return Event{}, fmt.Errorf("body is not UTF-8")
+	}
+	var w wireEvent
+	if err := json.Unmarshal(body, &w); err != nil {
+		return Event{}, fmt.Errorf("body is not a JSON event: %w", err)
+	}
+	if !uuidPattern.MatchString(w.EventID) {
+		return Event{}, fmt.Errorf("eventId %q is not a UUID", w.EventID)
+	}
+	ev := Event{ID: strings.ToLower(w.EventID), Type: w.EventType}
+	if messageID != "" && !strings.EqualFold(messageID, w.EventID) {
+		return Event{}, fmt.Errorf("message_id %q does not match eventId %q", messageID, w.EventID)
+	}
+	if w.EventType != EventTransferCreated {
+		return Event{}, fmt.Errorf("unknown eventType %q", w.EventType)
+	}
+	if msgType != "" && msgType != w.EventType {
+		return Event{}, fmt.Errorf("type property %q does not match eventType %q", msgType, w.EventType)
+	}
+	at, err := time.Parse(time.RFC3339Nano, w.OccurredAt)
+	if err != nil {
+		return Event{}, fmt.Errorf("occurredAt %q is not an RFC 3339 time", w.OccurredAt)
+	}
+	ev.OccurredAt = at.UTC()
+	if w.Data == nil {
+		return Event{}, fmt.Errorf("data is missing")
+	}
+	t, err := decodeTransfer(w.Data)
+	if err != nil {
+		return Event{}, err
+	}
+	ev.Transfer = t
+	ev.Fingerprint = fingerprint(ev)
+	return ev, nil
+}
+
+func decodeTransfer(d *wireData) (Transfer, error) {
+	if !uuidPattern.MatchString(d.TransferID) {
+		return Transfer{}, fmt.Errorf("data.transferId %q is not a UUID", d.TransferID)
+	}
+	if err := checkAccount("data.fromAccount", d.FromAccount); err != nil {
+		return Transfer{}, err
+	}
+	if err := checkAccount("data.toAccount", d.ToAccount); err != nil {
+		return Transfer{}, err
+	}
+	if d.FromAccount == d.ToAccount {
+		return Transfer{}, fmt.Errorf("data.fromAccount and data.toAccount are both %q", d.FromAccount)
+	}
+	amount, err := parseAmount(d.AmountMinor)
+	if err != nil {
+		return Transfer{}, err
+	}
+	if !currencyPattern.MatchString(d.Currency) {
+		return Transfer{}, fmt.Errorf("data.currency %q is not three upper-case letters", d.Currency)
+	}
+	return Transfer{
+		ID:          strings.ToLower(d.TransferID),
+		FromAccount: d.FromAccount,
+		ToAccount:   d.ToAccount,
+		AmountMinor: amount,
+		Currency:    d.Currency,
+	}, nil
+}
+
+// parseAmount accepts only a JSON integer literal: a string, a fraction or an
+// exponent is a producer error, not something to round.
+func parseAmount(raw json.RawMessage) (int64, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return 0, fmt.Errorf("data.amountMinor is missing")
+	}
+	if raw[0] != '-' && (raw[0] < '0' || raw[0] > '9') {
+		return 0, fmt.Errorf("data.amountMinor %s is not an integer", raw)
+	}
+	n, err := strconv.ParseInt(string(raw), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("data.amountMinor %s is not an integer number of minor units", raw)
+	}
+	if n <= 0 {
+		return 0, fmt.Errorf("data.amountMinor %d is not positive", n)
+	}
+	return n, nil
+}
+
+func checkAccount(field, s string) error {
+	n := utf8.RuneCountInString(s)
+	if n < 1 || n > 64 {
+		return fmt.Errorf("%s %q must be 1 to 64 characters", field, s)
+	}
+	for _, r := range s {
+		if !unicode.IsPrint(r) {
+			return fmt.Errorf("%s %q has a non-printable character", field, s)
+		}
+	}
+	return nil
+}
+
+// fingerprint hashes the fields that define the event, in a fixed encoding,
+// so that spacing, key order or unknown fields in the body do not matter.
+func fingerprint(ev Event) []byte {
+	canonical, _ := json.Marshal(struct {
+		Type       string
+		OccurredAt string
+		Transfer   Transfer
+	}{ev.Type, ev.OccurredAt.Format(time.RFC3339Nano), ev.Transfer})
+	sum := sha256.Sum256(canonical)
+	return sum[:]
+}

@@ -1,0 +1,236 @@
+// Package consumer is the AMQP side of the service: the topology, one consume
+// loop per queue, and the decision of what happens to each delivery. It knows
+// nothing of PostgreSQL; it applies events through the Applier interface.
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Applier applies one event in one local transaction, inbox claim and
+// business effect together. A redelivered event comes back as
+// Result{Duplicate: true} with a nil error. Errors are classified with
+// Poison, Conflict or Transient; anything else counts as unknown.
+type Applier interface {
+	Apply(ctx context.Context, ev Event) (Result, error)
+}
+
+// Result is what applying an event did.
+type Result struct {
+	Duplicate bool // the event had been applied before; nothing changed
+}
+
+// Config configures a Service.
+type Config struct {
+	URL             string // AMQP URL, vhost included
+	Topology        Topology
+	Declare         bool          // declare the topology on every (re)connect
+	Instance        string        // connection name, consumer tags, dead-letter headers
+	ShutdownTimeout time.Duration // how long the message in hand may take once shutdown starts
+	ApplyTimeout    time.Duration // one attempt to apply an event
+	Retry           Backoff       // between attempts of a transient failure
+	Reconnect       Backoff       // between broker sessions
+	Logger          *slog.Logger
+	// Observe, when set, is called once per delivery with the decision, after
+	// the ack, reject or dead-letter was sent. Tests and metrics use it.
+	Observe func(Decision)
+}
+
+// Decision is what happened to one delivery.
+type Decision struct {
+	Queue         string
+	EventID       string
+	Redelivered   bool
+	DeliveryCount int64 // x-delivery-count: 0 on the first delivery
+	Class         Class // "" when the event was applied or was a duplicate
+	Action        Action
+	Duplicate     bool
+	Retries       int // transient failures retried in place
+	Err           error
+	Duration      time.Duration
+}
+
+// Backoff is a capped, jittered exponential delay.
+type Backoff struct {
+	Min, Max time.Duration
+}
+
+// Delay returns the wait before retry number attempt (0-based): Min doubled
+// per attempt, capped at Max, then drawn uniformly from its upper half so
+// that many consumers retrying together spread out.
+func (b Backoff) Delay(attempt int) time.Duration {
+	d := b.Min
+	for i := 0; i < attempt && d < b.Max; i++ {
+		d *= 2
+	}
+	d = min(d, b.Max)
+	if d <= 1 {
+		return d
+	}
+	return d/2 + rand.N(d/2)
+}
+
+// Service consumes every partition queue and applies each event once in
+// effect.
+type Service struct {
+	cfg Config
+	app Applier
+	log *slog.Logger
+}
+
+// New returns a Service; Run starts it.
+func New(cfg Config, app Applier) *Service {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Service{cfg: cfg, app: app, log: log}
+}
+
+// Run consumes until ctx is cancelled, reconnecting after any broker failure
+// for as long as it takes. On cancellation it stops taking deliveries,
+// finishes the message in hand within ShutdownTimeout, and returns nil. It
+// returns a *TopologyError, without retrying, when the broker's topology
+// cannot be used as it stands.
+func (s *Service) Run(ctx context.Context) error {
+	// stop ends when shutdown starts; its cause tells shutdown apart from
+	// failure. work outlives it by ShutdownTimeout, so the message in hand
+	// can still commit and be acked.
+	stop, cancelStop := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancelStop(nil)
+	work, cancelWork := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer cancelWork(nil)
+	go func() {
+		select {
+		case <-ctx.Done():
+			cancelStop(ErrShutdown)
+			select {
+			case <-time.After(s.cfg.ShutdownTimeout):
+				cancelWork(ErrShutdown)
+			case <-work.Done():
+			}
+		case <-work.Done():
+		}
+	}()
+
+	for attempt := 0; ; attempt++ {
+		started := time.Now()
+		err := s.session(stop, work)
+		if stop.Err() != nil {
+			s.log.Info("consumer stopped")
+			return nil
+		}
+		var te *TopologyError
+		if errors.As(err, &te) {
+			return err
+		}
+		if time.Since(started) > s.cfg.Reconnect.Max {
+			attempt = 0 // a long session was healthy: start the backoff over
+		}
+		delay := s.cfg.Reconnect.Delay(attempt)
+		s.log.Warn("broker session ended, reconnecting", "err", err, "delay", delay)
+		select {
+		case <-stop.Done():
+			return nil
+		case <-time.After(delay):
+		}
+	}
+}
+
+// session runs one broker connection: declare, consume every queue, and
+// return when the connection or any worker fails, or when stop ends.
+func (s *Service) session(stop, work context.Context) error {
+	conn, err := amqp.DialConfig(s.cfg.URL, amqp.Config{
+		Properties: amqp.Table{"connection_name": s.cfg.Instance},
+		Heartbeat:  10 * time.Second,
+		Locale:     "en_US",
+	})
+	if err != nil {
+		return fmt.Errorf("connect to broker: %w", err)
+	}
+	defer conn.Close()
+	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+
+	if s.cfg.Declare {
+		if err := s.cfg.Topology.Declare(conn); err != nil {
+			return err
+		}
+	}
+
+	session, endSession := context.WithCancel(stop)
+	defer endSession()
+	var wg sync.WaitGroup
+	errs := make(chan error, s.cfg.Topology.Queues)
+	for i := 0; i < s.cfg.Topology.Queues; i++ {
+		w, err := s.openWorker(conn, s.cfg.Topology.Queue(i), work)
+		if err != nil {
+			endSession()
+			wg.Wait()
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- w.run(session)
+		}()
+	}
+	s.log.Info("consuming", "queues", s.cfg.Topology.Queues, "prefix", s.cfg.Topology.Prefix)
+
+	var result error
+	select {
+	case <-stop.Done():
+	case e := <-closed:
+		result = fmt.Errorf("connection closed: %v", e)
+	case e := <-errs:
+		result = e
+	}
+	// Every worker finishes the message in hand before the connection
+	// closes, so nothing is returned to the queue that could be finished.
+	endSession()
+	wg.Wait()
+	return result
+}
+
+func (s *Service) openWorker(conn *amqp.Connection, queue string, work context.Context) (*worker, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("queue %s: open channel: %w", queue, err)
+	}
+	// Prefetch 1 per consumer: the message in hand is the only one the
+	// broker has given us, so order holds and a crash returns one message.
+	// Global QoS is not implemented for quorum queues (3.10 closes the
+	// connection with 540), hence global=false.
+	if err := ch.Qos(1, 0, false); err != nil {
+		return nil, fmt.Errorf("queue %s: qos: %w", queue, err)
+	}
+	// Dead letters are published on their own channel in confirm mode, and
+	// the original is acked only after the broker confirmed the copy.
+	pub, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("queue %s: open publish channel: %w", queue, err)
+	}
+	if err := pub.Confirm(false); err != nil {
+		return nil, fmt.Errorf("queue %s: confirm mode: %w", queue, err)
+	}
+	returns := pub.NotifyReturn(make(chan amqp.Return, 1))
+	tag := s.cfg.Instance + "/" + queue
+	deliveries, err := ch.Consume(queue, tag,
+		false, // auto-ack: never; the ack comes after the commit
+		false, // exclusive: single active consumer does this across replicas
+		false, // no-local
+		false, // no-wait
+		nil)
+	if err != nil {
+		return nil, fmt.Errorf("consume %s: %w", queue, err)
+	}
+	return &worker{svc: s, queue: queue, tag: tag, ch: ch, pub: pub,
+		returns: returns, deliveries: deliveries, work: work}, nil
+}

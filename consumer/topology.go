@@ -1,0 +1,122 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"transferconsumer/dlq"
+)
+
+// Topology names and shapes what the service consumes: the consistent-hash
+// exchange Prefix, the quorum queues Prefix.0 … Prefix.(Queues-1) bound to it
+// with weight 1, and the dead-letter pair from package dlq.
+type Topology struct {
+	Prefix        string
+	Queues        int
+	DeliveryLimit int
+}
+
+// Queue returns the name of queue i.
+func (t Topology) Queue(i int) string { return fmt.Sprintf("%s.%d", t.Prefix, i) }
+
+// QueueArgs returns the arguments every partition queue is declared with.
+// Single active consumer keeps one consumer per queue across replicas, so an
+// account's events are applied in queue order; the delivery limit both turns
+// an always-failing message into a dead letter and, on 3.x, makes a requeued
+// message go back near the head instead of the tail (see adr/0001).
+func (t Topology) QueueArgs() amqp.Table {
+	return amqp.Table{
+		"x-queue-type":             "quorum",
+		"x-single-active-consumer": true,
+		"x-delivery-limit":         int64(t.DeliveryLimit),
+		"x-dead-letter-exchange":   dlq.Exchange(t.Prefix),
+		// at-least-once dead-lettering needs reject-publish; without both
+		// the broker silently falls back to at-most-once.
+		"x-dead-letter-strategy": "at-least-once",
+		"x-overflow":             "reject-publish",
+	}
+}
+
+// TopologyError is a topology the service cannot use as it stands: a missing
+// plugin or a queue declared elsewhere with other arguments. Retrying cannot
+// fix it, so Run stops with it.
+type TopologyError struct {
+	Object string // "exchange transfers", "queue transfers.3"
+	Err    error  // what the broker said
+	Fix    string // what a person should do
+}
+
+func (e *TopologyError) Error() string {
+	return fmt.Sprintf("%s: %v; to fix: %s", e.Object, e.Err, e.Fix)
+}
+
+func (e *TopologyError) Unwrap() error { return e.Err }
+
+// Declare declares the whole topology, idempotently. It returns a
+// *TopologyError when the broker refuses it for a reason retrying cannot
+// fix, and the plain error otherwise.
+func (t Topology) Declare(conn *amqp.Connection) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	defer ch.Close()
+
+	version, _ := conn.Properties["version"].(string)
+	if err := dlq.Declare(ch, t.Prefix, version); err != nil {
+		return translateDeclareError("dead-letter topology", err)
+	}
+	if err := ch.ExchangeDeclare(t.Prefix, "x-consistent-hash",
+		true,  // durable
+		false, // auto-delete
+		false, // internal
+		false, // no-wait
+		nil); err != nil {
+		return translateDeclareError("exchange "+t.Prefix, err)
+	}
+	for i := 0; i < t.Queues; i++ {
+		q := t.Queue(i)
+		if _, err := ch.QueueDeclare(q,
+			true,  // durable
+			false, // auto-delete
+			false, // exclusive
+			false, // no-wait
+			t.QueueArgs()); err != nil {
+			return translateDeclareError("queue "+q, err)
+		}
+		// The binding key of a consistent-hash exchange is the weight.
+		if err := ch.QueueBind(q, "1", t.Prefix, false, nil); err != nil {
+			return translateDeclareError("binding of queue "+q, err)
+		}
+	}
+	return nil
+}
+
+var inequivalent = regexp.MustCompile(`inequivalent arg '([^']+)' for (queue|exchange) '([^']+)'`)
+
+func translateDeclareError(object string, err error) error {
+	var ae *amqp.Error
+	if !errors.As(err, &ae) {
+		return fmt.Errorf("declare %s: %w", object, err)
+	}
+	switch {
+	case ae.Code == amqp.CommandInvalid && strings.Contains(ae.Reason, "x-consistent-hash"):
+		return &TopologyError{Object: object, Err: err,
+			Fix: "the broker lacks the consistent-hash exchange type: enable the plugin with `rabbitmq-plugins enable rabbitmq_consistent_hash_exchange`"}
+	case ae.Code == amqp.PreconditionFailed:
+		if m := inequivalent.FindStringSubmatch(ae.Reason); m != nil {
+			return &TopologyError{Object: m[2] + " " + m[3], Err: err,
+				Fix: fmt.Sprintf("the %s exists with a different %s than this service declares; "+
+					"set the service's variables to match it, or drain and delete the %s so it can be declared again, "+
+					"or set DECLARE_TOPOLOGY=false to use it as it is", m[2], m[1], m[2])}
+		}
+		return &TopologyError{Object: object, Err: err, Fix: "make the existing object match or delete it"}
+	case ae.Code == amqp.AccessRefused:
+		return &TopologyError{Object: object, Err: err, Fix: "grant the user configure, write and read permissions on the vhost"}
+	}
+	return fmt.Errorf("declare %s: %w", object, err)
+}

@@ -1,0 +1,108 @@
+package db
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"fmt"
+
+	"github.com/jmoiron/sqlx"
+
+	"transferconsumer/consumer"
+)
+
+// Inbox applies events to the balance projection, each exactly once in
+// effect. It implements consumer.Applier.
+type Inbox struct {
+	db *sqlx.DB
+}
+
+// NewInbox returns an Inbox over db.
+func NewInbox(db *sqlx.DB) *Inbox { return &Inbox{db: db} }
+
+// Apply claims ev.ID in the inbox and applies its effect in the same local
+// transaction, then commits. The claim comes first and is an INSERT, not a
+// lookup: two deliveries of one event racing each other both try to insert,
+// the primary key lets exactly one win, and the loser waits for the winner's
+// commit and finds the row. A check-then-insert would let both decide to
+// apply. Because claim and effect share the transaction, a failed effect
+// rolls the claim back too, and the redelivery applies it.
+//
+// It returns Result{Duplicate: true} when ev.ID was applied before with the
+// same content; a consumer.Conflict error when it was applied with other
+// content; a consumer.Transient error when the database is unreachable or
+// asks for a retry (serialization failure, deadlock); any other error as is.
+func (in *Inbox) Apply(ctx context.Context, ev consumer.Event) (consumer.Result, error) {
+	var res consumer.Result
+	err := inTx(ctx, in.db, func(tx *sqlx.Tx) error {
+		claimed, err := claim(ctx, tx, ev)
+		if err != nil {
+			return err
+		}
+		if !claimed {
+			res.Duplicate = true
+			return nil
+		}
+		return applyTransferCreated(ctx, tx, ev.Transfer)
+	})
+	if err != nil {
+		return consumer.Result{}, fmt.Errorf("apply event %s: %w", ev.ID, translate(err))
+	}
+	return res, nil
+}
+
+// claim inserts the inbox row and reports whether this transaction owns the
+// event. ON CONFLICT DO NOTHING keeps the transaction usable on a duplicate
+// (a unique violation would abort it).
+func claim(ctx context.Context, tx *sqlx.Tx, ev consumer.Event) (bool, error) {
+	r, err := tx.ExecContext(ctx, `
+		INSERT INTO processed_event (event_id, event_type, fingerprint)
+		VALUES ($1, $2, $3)
+		ON CONFLICT (event_id) DO NOTHING`, ev.ID, ev.Type, ev.Fingerprint)
+	if err != nil {
+		return false, fmt.Errorf("claim: %w", err)
+	}
+	n, err := r.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("claim: %w", err)
+	}
+	if n == 1 {
+		return true, nil
+	}
+	// Already processed. Reading the row now is safe: it is committed
+	// (ON CONFLICT waited for its transaction) and is never updated.
+	var stored []byte
+	if err := tx.GetContext(ctx, &stored,
+		`SELECT fingerprint FROM processed_event WHERE event_id = $1`, ev.ID); err != nil {
+		return false, fmt.Errorf("read claimed event: %w", err)
+	}
+	if !bytes.Equal(stored, ev.Fingerprint) {
+		return false, consumer.Conflict(fmt.Errorf(
+			"event %s was applied with fingerprint %s, this delivery has %s",
+			ev.ID, hex.EncodeToString(stored), hex.EncodeToString(ev.Fingerprint)))
+	}
+	return false, nil
+}
+
+// applyTransferCreated moves the amount between the two accounts, creating an
+// account on first sight. Both rows are written by one statement whose rows
+// are in account order, so two transactions touching the same pair of
+// accounts lock them in the same order and cannot deadlock each other.
+func applyTransferCreated(ctx context.Context, tx *sqlx.Tx, t consumer.Transfer) error {
+	first, second := t.FromAccount, t.ToAccount
+	firstDelta, secondDelta := -t.AmountMinor, t.AmountMinor
+	if second < first {
+		first, second = second, first
+		firstDelta, secondDelta = secondDelta, firstDelta
+	}
+	_, err := tx.ExecContext(ctx, `
+		INSERT INTO balance_projection AS b (account, balance_minor)
+		VALUES ($1, $2), ($3, $4)
+		ON CONFLICT (account) DO UPDATE
+		SET balance_minor = b.balance_minor + EXCLUDED.balance_minor,
+		    updated_at = now()`, first, firstDelta, second, secondDelta)
+	if err != nil {
+		return fmt.Errorf("move %d from %s to %s: %w", t.AmountMinor, t.FromAccount, t.ToAccount, err)
+	}
+	return nil
+}

@@ -1,0 +1,72 @@
+package db
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"syscall"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+
+	"transferconsumer/consumer"
+)
+
+// translate puts a driver error into the project's failure classes, once,
+// here. Transient: the database cannot be reached or asks for a retry.
+// Everything else is returned as is, which the consumer treats as unknown.
+func translate(err error) error {
+	if err == nil || !isTransient(err) {
+		return err
+	}
+	return consumer.Transient(err)
+}
+
+func isTransient(err error) bool {
+	var pqErr *pq.Error
+	if errors.As(err, &pqErr) {
+		switch pqErr.Code.Class() {
+		case "08", // connection exception
+			"40", // transaction rollback: 40001 serialization, 40P01 deadlock
+			"53", // insufficient resources: too many connections, disk full
+			"57": // operator intervention: admin shutdown, crash shutdown, cannot connect now
+			return true
+		}
+		return false
+	}
+	var netErr net.Error
+	switch {
+	case errors.Is(err, driver.ErrBadConn),
+		errors.Is(err, io.EOF),
+		errors.Is(err, io.ErrUnexpectedEOF),
+		errors.Is(err, syscall.ECONNREFUSED),
+		errors.Is(err, syscall.ECONNRESET),
+		errors.Is(err, syscall.EPIPE),
+		errors.Is(err, context.DeadlineExceeded), // one attempt timed out
+		errors.As(err, &netErr):
+		return true
+	}
+	return false
+}
+
+// inTx runs fn in a transaction and commits it, or rolls it back and returns
+// fn's error joined with any rollback error.
+func inTx(ctx context.Context, db *sqlx.DB, fn func(*sqlx.Tx) error) error {
+	tx, err := db.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	if err := fn(tx); err != nil {
+		if rbErr := tx.Rollback(); rbErr != nil {
+			return errors.Join(err, fmt.Errorf("rollback: %w", rbErr))
+		}
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,85 @@
+package dlq
+
+import (
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Header names a person reads in the management UI ("Get messages") to see
+// why a message is in the dead-letter queue. The routing key of the copy stays
+// the original one, so "Move messages" or Replay can put it back.
+const (
+	HeaderClass            = "x-failure-class"
+	HeaderReason           = "x-failure-reason"
+	HeaderFailedAt         = "x-failed-at"
+	HeaderFailedBy         = "x-failed-by"
+	HeaderOriginalQueue    = "x-original-queue"
+	HeaderOriginalExchange = "x-original-exchange"
+	HeaderOriginalKey      = "x-original-routing-key"
+	HeaderDeliveryCount    = "x-original-delivery-count"
+)
+
+// maxReason bounds the reason text: headers travel in one frame, and a long
+// error must not make the dead letter itself unpublishable.
+const maxReason = 2048
+
+// Failure is why a message is dead-lettered, and where it failed.
+type Failure struct {
+	Class    string // the failure class, e.g. "poison"
+	Reason   string // the error text
+	Queue    string // the queue it was consumed from
+	Instance string // the service instance that decided
+	At       time.Time
+}
+
+// Copy returns the publishing that dead-letters d: its body, properties and
+// routing key unchanged, its headers plus the failure headers. The broker's
+// own x-delivery-count is kept as x-original-delivery-count, since the DLQ
+// counts its own deliveries under the original name. The user_id property is
+// dropped: the broker refuses a publish whose user_id is not the publisher's.
+func Copy(d amqp.Delivery, f Failure) amqp.Publishing {
+	headers := amqp.Table{}
+	for k, v := range d.Headers {
+		headers[k] = v
+	}
+	count := int64(0)
+	if c, ok := d.Headers["x-delivery-count"]; ok {
+		delete(headers, "x-delivery-count")
+		switch c := c.(type) {
+		case int64:
+			count = c
+		case int32:
+			count = int64(c)
+		case int:
+			count = int64(c)
+		}
+	}
+	reason := f.Reason
+	if len(reason) > maxReason {
+		reason = strings.ToValidUTF8(reason[:maxReason], "") + "…"
+	}
+	headers[HeaderClass] = f.Class
+	headers[HeaderReason] = reason
+	headers[HeaderFailedAt] = f.At.UTC().Format(time.RFC3339Nano)
+	headers[HeaderFailedBy] = f.Instance
+	headers[HeaderOriginalQueue] = f.Queue
+	headers[HeaderOriginalExchange] = d.Exchange
+	headers[HeaderOriginalKey] = d.RoutingKey
+	headers[HeaderDeliveryCount] = count
+	return amqp.Publishing{
+		Headers:         headers,
+		ContentType:     d.ContentType,
+		ContentEncoding: d.ContentEncoding,
+		DeliveryMode:    amqp.Persistent,
+		Priority:        d.Priority,
+		CorrelationId:   d.CorrelationId,
+		ReplyTo:         d.ReplyTo,
+		MessageId:       d.MessageId,
+		Timestamp:       d.Timestamp,
+		Type:            d.Type,
+		AppId:           d.AppId,
+		Body:            d.Body,
+	}
+}

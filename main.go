@@ -1,0 +1,139 @@
+// Command transferconsumer reads transfer events from RabbitMQ and applies
+// each one to PostgreSQL effectively once: an insert-first inbox claim and
+// the balance change share one local transaction, and the ack follows the
+// commit (see adr/0001). Run it with no arguments to consume until SIGTERM or
+// SIGINT; "migrate" and "topology" do one set-up step alone; "--help" lists
+// the environment variables.
+package main
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"transferconsumer/consumer"
+	"transferconsumer/db"
+)
+
+//go:embed sql/*.sql
+var embedded embed.FS
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
+		os.Exit(1)
+	}
+}
+
+const usageText = `Usage: transferconsumer [command]
+
+Commands:
+  (none), run   consume every partition queue until SIGTERM or SIGINT
+  migrate       create or update the database schema, then exit
+  topology      declare the exchanges, queues and bindings, then exit
+  help          print this text
+
+`
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cmd := "run"
+	if len(args) > 0 {
+		cmd = args[0]
+	}
+	if len(args) > 1 {
+		return fmt.Errorf("%s takes no arguments, got %q", cmd, args[1:])
+	}
+	switch cmd {
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, usageText)
+		return printUsage(stdout)
+	case "run", "migrate", "topology":
+	default:
+		return fmt.Errorf("unknown command %q (try --help)", cmd)
+	}
+
+	cfg, err := loadConfig()
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(cfg, stderr)
+	if err != nil {
+		return err
+	}
+	migrations, err := fs.Sub(embedded, "sql")
+	if err != nil {
+		return err
+	}
+	switch cmd {
+	case "migrate":
+		database, err := db.Open(ctx, cfg.DatabaseURL, 2)
+		if err != nil {
+			return err
+		}
+		defer database.Close()
+		applied, err := db.Migrate(ctx, database, migrations)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "applied %d migration(s) %v\n", len(applied), applied)
+		return nil
+	case "topology":
+		return declareTopology(cfg, stdout)
+	}
+	return serve(ctx, cfg, log, migrations)
+}
+
+// serve connects to the database (waiting for it while it is unreachable),
+// migrates it, and consumes until ctx ends.
+func serve(ctx context.Context, cfg config, log *slog.Logger, migrations fs.FS) error {
+	log.Info("starting", "instance", cfg.instance(), "amqp_url", redact(cfg.AMQPURL),
+		"database_url", redact(cfg.DatabaseURL), "queues", cfg.QueueCount, "prefix", cfg.Prefix)
+	database, err := db.OpenWhenReady(ctx, cfg.DatabaseURL, cfg.dbMaxConns(), cfg.backoff(), log)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	defer database.Close()
+	if _, err := db.Migrate(ctx, database, migrations); err != nil {
+		return err
+	}
+	svc := consumer.New(cfg.consumerConfig(log), db.NewInbox(database))
+	if err := svc.Run(ctx); err != nil {
+		var te *consumer.TopologyError
+		if errors.As(err, &te) {
+			return fmt.Errorf("broker topology: %w", err)
+		}
+		return err
+	}
+	return nil
+}
+
+func declareTopology(cfg config, stdout io.Writer) error {
+	conn, err := amqp.DialConfig(cfg.AMQPURL, amqp.Config{
+		Properties: amqp.Table{"connection_name": cfg.instance() + "-topology"},
+	})
+	if err != nil {
+		return fmt.Errorf("connect to broker at %s: %w", redact(cfg.AMQPURL), err)
+	}
+	defer conn.Close()
+	t := cfg.topology()
+	if err := t.Declare(conn); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "declared exchange %s, queues %s … %s, and the dead-letter pair\n",
+		t.Prefix, t.Queue(0), t.Queue(t.Queues-1))
+	return nil
+}
