@@ -40,9 +40,9 @@ type Transfer struct {
 }
 
 type wireEvent struct {
-	EventID    string   `json:"eventId"`
-	EventType  string   `json:"eventType"`
-	OccurredAt string   `json:"occurredAt"`
+	EventID    string    `json:"eventId"`
+	EventType  string    `json:"eventType"`
+	OccurredAt string    `json:"occurredAt"`
 	Data       *wireData `json:"data"`
 }
 

@@ -1,0 +1,459 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"transferconsumer/consumer"
+	"transferconsumer/db"
+	"transferconsumer/dlq"
+)
+
+const prefix = "transfers"
+
+// env is one test's private world: its own vhost on the broker and its own
+// database, both removed when the test ends.
+type env struct {
+	t       *testing.T
+	name    string // unique, readable: vhost, database, connection names
+	vhost   string
+	amqpURL string // service URL, vhost included
+	dbURL   string
+	db      *sqlx.DB
+	pub     *amqp.Channel // confirm-mode publisher of the test
+	returns chan amqp.Return
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	if unavailable != "" {
+		t.Skip(unavailable)
+	}
+	name := strings.ToLower(regexp.MustCompile(`[^A-Za-z0-9]+`).ReplaceAllString(t.Name(), "_"))
+	if len(name) > 40 {
+		name = name[:40]
+	}
+	name = "tc_" + name + "_" + randomSuffix()
+	e := &env{t: t, name: name, vhost: name}
+
+	// Vhost, with the admin user's permissions.
+	mgmt(t, http.MethodPut, "/api/vhosts/"+url.PathEscape(e.vhost), nil, nil)
+	user := adminUser()
+	mgmt(t, http.MethodPut, "/api/permissions/"+url.PathEscape(e.vhost)+"/"+url.PathEscape(user),
+		map[string]string{"configure": ".*", "write": ".*", "read": ".*"}, nil)
+	t.Cleanup(func() { mgmtQuiet(http.MethodDelete, "/api/vhosts/"+url.PathEscape(e.vhost)) })
+	u, err := url.Parse(shared.amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + e.vhost
+	u.RawPath = "/" + url.PathEscape(e.vhost)
+	e.amqpURL = u.String()
+
+	// Database, migrated with the files the binary embeds.
+	admin := sqlx.MustOpen("postgres", shared.databaseURL)
+	t.Cleanup(func() { admin.Close() })
+	admin.MustExec("CREATE DATABASE " + pq.QuoteIdentifier(name))
+	t.Cleanup(func() {
+		_, _ = admin.Exec("DROP DATABASE IF EXISTS " + pq.QuoteIdentifier(name) + " WITH (FORCE)")
+	})
+	du, _ := url.Parse(shared.databaseURL)
+	du.Path = "/" + name
+	e.dbURL = du.String()
+	e.db, err = db.Open(context.Background(), e.dbURL, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.db.Close() })
+	if _, err := db.Migrate(context.Background(), e.db, os.DirFS("../sql")); err != nil {
+		t.Fatal(err)
+	}
+
+	// The test's own publisher, named after the test in the management UI.
+	conn, err := amqp.DialConfig(e.amqpURL, amqp.Config{Properties: amqp.Table{"connection_name": name + "-publisher"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	e.pub, err = conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.pub.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// topology returns the topology the tests consume: two queues are enough to
+// show partitioning and keep each test's set-up quick.
+func (e *env) topology(queues int) consumer.Topology {
+	return consumer.Topology{Prefix: prefix, Queues: queues, DeliveryLimit: 5}
+}
+
+// declare declares the topology without starting a consumer, so a test can
+// publish before anything consumes.
+func (e *env) declare(queues int) {
+	e.t.Helper()
+	conn, err := amqp.Dial(e.amqpURL)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := e.topology(queues).Declare(conn); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// service is a consumer running in the test process.
+type service struct {
+	instance string
+	rec      *recorder
+	stop     func()
+}
+
+// start runs a consumer over app (the real inbox when nil) until the test
+// ends or stop is called.
+func (e *env) start(queues int, app consumer.Applier) *service {
+	e.t.Helper()
+	if app == nil {
+		app = db.NewInbox(e.db)
+	}
+	s := &service{instance: e.name + "-svc-" + randomSuffix(), rec: &recorder{}}
+	cfg := consumer.Config{
+		URL:             e.amqpURL,
+		Topology:        e.topology(queues),
+		Declare:         true,
+		Instance:        s.instance,
+		ShutdownTimeout: 10 * time.Second,
+		ApplyTimeout:    10 * time.Second,
+		Retry:           consumer.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond},
+		Reconnect:       consumer.Backoff{Min: 50 * time.Millisecond, Max: time.Second},
+		Logger:          slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Observe:         s.rec.add,
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- consumer.New(cfg, app).Run(ctx) }()
+	var once sync.Once
+	s.stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				e.t.Errorf("consumer returned %v", err)
+			}
+		})
+	}
+	e.t.Cleanup(s.stop)
+	top := e.topology(queues)
+	waitFor(e.t, 30*time.Second, "a consumer on every queue", func() bool {
+		for i := 0; i < queues; i++ {
+			if q, ok := e.inspect(top.Queue(i)); !ok || q.Consumers == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	return s
+}
+
+// testWriter sends the service's log lines to the test's log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// recorder keeps every decision the consumer made, in order.
+type recorder struct {
+	mu  sync.Mutex
+	all []consumer.Decision
+}
+
+func (r *recorder) add(d consumer.Decision) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.all = append(r.all, d)
+}
+
+// of returns the decisions about one event.
+func (r *recorder) of(eventID string) []consumer.Decision {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []consumer.Decision
+	for _, d := range r.all {
+		if d.EventID == eventID {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+func (r *recorder) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.all)
+}
+
+// waitFor polls cond until it holds or timeout passes; no test sleeps.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		<-tick.C
+	}
+}
+
+// transfer is a TransferCreated event of the contract's shape.
+type transfer struct {
+	EventID    string `json:"eventId"`
+	EventType  string `json:"eventType"`
+	OccurredAt string `json:"occurredAt"`
+	Data       struct {
+		TransferID  string `json:"transferId"`
+		FromAccount string `json:"fromAccount"`
+		ToAccount   string `json:"toAccount"`
+		AmountMinor int64  `json:"amountMinor"`
+		Currency    string `json:"currency"`
+	} `json:"data"`
+}
+
+func newTransfer(from, to string, amount int64) transfer {
+	var tr transfer
+	tr.EventID = newUUID()
+	tr.EventType = "TransferCreated"
+	tr.OccurredAt = time.Now().UTC().Format(time.RFC3339)
+	tr.Data.TransferID = newUUID()
+	tr.Data.FromAccount, tr.Data.ToAccount = from, to
+	tr.Data.AmountMinor = amount
+	tr.Data.Currency = "EUR"
+	return tr
+}
+
+func (tr transfer) body() []byte {
+	b, err := json.Marshal(tr)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// publish sends tr the way a producer does: to the hash exchange, keyed by
+// fromAccount, persistent, with message_id and type.
+func (e *env) publish(tr transfer) {
+	e.t.Helper()
+	e.publishRaw(prefix, tr.Data.FromAccount, tr.body(), tr.EventID)
+}
+
+// publishRaw sends body to exchange with key and waits for the confirm.
+func (e *env) publishRaw(exchange, key string, body []byte, messageID string) {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	dc, err := e.pub.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, amqp.Publishing{
+		DeliveryMode: amqp.Persistent,
+		ContentType:  "application/json",
+		MessageId:    messageID,
+		Body:         body,
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if ok, err := dc.WaitContext(ctx); err != nil || !ok {
+		e.t.Fatalf("publish to %s/%s not confirmed: %v", exchange, key, err)
+	}
+	select {
+	case r := <-e.returns:
+		e.t.Fatalf("publish to %s/%s returned unroutable: %s", exchange, key, r.ReplyText)
+	default:
+	}
+}
+
+func (e *env) balance(account string) int64 {
+	e.t.Helper()
+	var b int64
+	err := e.db.Get(&b, `SELECT balance_minor FROM balance_projection WHERE account = $1`, account)
+	if err != nil {
+		e.t.Fatalf("balance of %s: %v", account, err)
+	}
+	return b
+}
+
+func (e *env) inboxRows(eventID string) int {
+	e.t.Helper()
+	var n int
+	if err := e.db.Get(&n, `SELECT count(*) FROM processed_event WHERE event_id = $1`, eventID); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
+// ready returns the number of ready messages in a queue, exactly (a passive
+// declare, not the management API's statistics, which lag).
+func (e *env) ready(queue string) int {
+	e.t.Helper()
+	q, ok := e.inspect(queue)
+	if !ok {
+		e.t.Fatalf("queue %s does not exist", queue)
+	}
+	return q.Messages
+}
+
+// inspect declares queue passively; ok is false when it does not exist.
+func (e *env) inspect(queue string) (amqp.Queue, bool) {
+	e.t.Helper()
+	conn, err := amqp.Dial(e.amqpURL)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	return q, err == nil
+}
+
+// dlqMessage is a message as the management UI's "Get messages" shows it.
+type dlqMessage struct {
+	Payload    string         `json:"payload"`
+	RoutingKey string         `json:"routing_key"`
+	Properties map[string]any `json:"properties"`
+}
+
+func (m dlqMessage) header(name string) any {
+	h, _ := m.Properties["headers"].(map[string]any)
+	return h[name]
+}
+
+// peekDLQ reads the dead-letter queue through the management API, requeueing
+// every message, as a person does in the UI.
+func (e *env) peekDLQ() []dlqMessage {
+	e.t.Helper()
+	var out []dlqMessage
+	mgmt(e.t, http.MethodPost, "/api/queues/"+url.PathEscape(e.vhost)+"/"+url.PathEscape(dlq.Queue(prefix))+"/get",
+		map[string]any{"count": 1000, "ackmode": "ack_requeue_true", "encoding": "auto"}, &out)
+	return out
+}
+
+// closeConnections closes, through the management API, every broker
+// connection whose client-provided name is name, as an operator or a network
+// fault would. It waits until the broker lists one first.
+func (e *env) closeConnections(name string) {
+	e.t.Helper()
+	var found []string
+	waitFor(e.t, 15*time.Second, "connection "+name+" to be listed", func() bool {
+		var conns []struct {
+			Name  string `json:"name"`
+			Props struct {
+				Name string `json:"connection_name"`
+			} `json:"client_properties"`
+		}
+		mgmt(e.t, http.MethodGet, "/api/vhosts/"+url.PathEscape(e.vhost)+"/connections", nil, &conns)
+		found = found[:0]
+		for _, c := range conns {
+			if c.Props.Name == name {
+				found = append(found, c.Name)
+			}
+		}
+		return len(found) > 0
+	})
+	for _, n := range found {
+		mgmt(e.t, http.MethodDelete, "/api/connections/"+url.PathEscape(n), nil, nil)
+	}
+}
+
+func adminUser() string {
+	u, err := url.Parse(shared.managementURL)
+	if err != nil || u.User == nil {
+		return "guest"
+	}
+	return u.User.Username()
+}
+
+// mgmt calls the management HTTP API and decodes the answer into out.
+func mgmt(t *testing.T, method, path string, in, out any) {
+	t.Helper()
+	var body io.Reader
+	if in != nil {
+		b, _ := json.Marshal(in)
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, shared.managementURL+path, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := doJSON(req, out); err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+}
+
+func mgmtQuiet(method, path string) {
+	req, err := http.NewRequest(method, shared.managementURL+path, nil)
+	if err == nil {
+		_ = doJSON(req, nil)
+	}
+}
+
+func doJSON(req *http.Request, out any) error {
+	if u := req.URL.User; u != nil {
+		p, _ := u.Password()
+		req.SetBasicAuth(u.Username(), p)
+		req.URL.User = nil
+	}
+	req.Header.Set("Content-Type", "application/json")
+	client := &http.Client{Timeout: 15 * time.Second}
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode >= 300 {
+		return fmt.Errorf("HTTP %d: %s", resp.StatusCode, b)
+	}
+	if out != nil {
+		return json.Unmarshal(b, out)
+	}
+	return nil
+}
+
+func randomSuffix() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func newUUID() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b)
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
