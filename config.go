@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"regexp"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -50,7 +51,7 @@ func (c config) validate() error {
 		return fmt.Errorf("configuration: %s: %s", name, fmt.Sprintf(format, a...))
 	}
 	if _, err := amqp.ParseURI(c.AMQPURL); err != nil {
-		return bad("AMQP_URL", "not an AMQP URL: %v", redactErr(err, c.AMQPURL))
+		return bad("AMQP_URL", "not an AMQP URL: %v", redactErr(err))
 	}
 	if u, err := url.Parse(c.DatabaseURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" {
 		return bad("DATABASE_URL", "want postgres://user@host:port/database?sslmode=…, got %q", redact(c.DatabaseURL))
@@ -158,12 +159,11 @@ func redact(raw string) string {
 	return u.Redacted()
 }
 
-func redactErr(err error, raw string) string {
-	msg := err.Error()
-	if u, perr := url.Parse(raw); perr == nil && u.User != nil {
-		if p, ok := u.User.Password(); ok && p != "" {
-			msg = strings.ReplaceAll(msg, p, "xxxxx")
-		}
-	}
-	return msg
+// userinfo matches the user:password@ part of a URL inside any text.
+var userinfo = regexp.MustCompile(`//[^/\s"@]*@`)
+
+// redactErr returns err's text with the credentials of any URL in it hidden:
+// a parse error quotes the URL it could not parse.
+func redactErr(err error) string {
+	return userinfo.ReplaceAllString(err.Error(), "//xxxxx@")
 }

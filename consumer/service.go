@@ -231,6 +231,8 @@ func (s *Service) openWorker(conn *amqp.Connection, queue string, work context.C
 	if err != nil {
 		return nil, fmt.Errorf("consume %s: %w", queue, err)
 	}
-	return &worker{svc: s, queue: queue, tag: tag, ch: ch, pub: pub,
-		returns: returns, deliveries: deliveries, work: work}, nil
+	w := &worker{svc: s, queue: queue, tag: tag, ch: ch, pub: pub,
+		returns: returns, deliveries: deliveries, work: work}
+	w.publish = w.publishConfirmed
+	return w, nil
 }

@@ -21,6 +21,9 @@ type worker struct {
 	returns    <-chan amqp.Return
 	deliveries <-chan amqp.Delivery
 	work       context.Context // lives ShutdownTimeout past shutdown
+	// publish sends a dead-letter copy and returns nil only once the broker
+	// confirmed it; publishConfirmed, or a fake in unit tests.
+	publish func(exchange, key string, msg amqp.Publishing) error
 }
 
 // run handles deliveries until session ends or the channel fails. When
@@ -131,7 +134,7 @@ func (w *worker) deadLetter(d amqp.Delivery, dec Decision) error {
 		Instance: w.svc.cfg.Instance,
 		At:       time.Now(),
 	})
-	if err := w.publishConfirmed(dlq.Exchange(w.svc.cfg.Topology.Prefix), d.RoutingKey, msg); err != nil {
+	if err := w.publish(dlq.Exchange(w.svc.cfg.Topology.Prefix), d.RoutingKey, msg); err != nil {
 		w.svc.log.Error("dead-letter copy not confirmed, rejecting to the broker's dead-lettering",
 			"queue", w.queue, "event_id", dec.EventID, "err", err)
 		return d.Reject(false)

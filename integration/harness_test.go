@@ -147,7 +147,7 @@ func (e *env) start(queues int, app consumer.Applier) *service {
 		ApplyTimeout:    10 * time.Second,
 		Retry:           consumer.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond},
 		Reconnect:       consumer.Backoff{Min: 50 * time.Millisecond, Max: time.Second},
-		Logger:          slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Logger:          slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: testLogLevel()})),
 		Observe:         s.rec.add,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -173,6 +173,17 @@ func (e *env) start(queues int, app consumer.Applier) *service {
 		return true
 	})
 	return s
+}
+
+// testLogLevel is the level of the in-process services' logs: TEST_LOG_LEVEL,
+// warn by default so that a verbose run shows decisions only when they
+// are not plain acks.
+func testLogLevel() slog.Level {
+	var l slog.Level = slog.LevelWarn
+	if v := os.Getenv("TEST_LOG_LEVEL"); v != "" {
+		_ = l.UnmarshalText([]byte(v))
+	}
+	return l
 }
 
 // testWriter sends the service's log lines to the test's log.

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -53,6 +54,9 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	cleanup()
+	if binary != "" {
+		_ = os.RemoveAll(filepath.Dir(binary))
+	}
 	os.Exit(code)
 }
 

@@ -1,0 +1,97 @@
+package consumer
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+func body(replace ...string) []byte {
+	return []byte(strings.NewReplacer(replace...).Replace(validBody))
+}
+
+func TestDecodeAcceptsTheContractSample(t *testing.T) {
+	ev, err := Decode([]byte(validBody), "3F0B1F7E-8C1A-4A55-9A51-5B0A7C2F9D10", "TransferCreated")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Transfer{ID: "0c8a4c0e-2d37-4c61-8f0e-1e5d2b7a9e33", FromAccount: "acc_00001",
+		ToAccount: "acc_00002", AmountMinor: 10000, Currency: "EUR"}
+	if ev.ID != "3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10" || ev.Type != EventTransferCreated || ev.Transfer != want {
+		t.Errorf("got %+v", ev)
+	}
+	if len(ev.Fingerprint) != 32 {
+		t.Errorf("fingerprint has %d bytes", len(ev.Fingerprint))
+	}
+}
+
+func TestDecodeRejectsPoison(t *testing.T) {
+	tests := []struct {
+		name       string
+		body       []byte
+		messageID  string
+		msgType    string
+		wantReason string
+	}{
+		{"not JSON", []byte("hello"), "", "", "not a JSON event"},
+		{"empty", nil, "", "", "not a JSON event"},
+		{"array", []byte("[]"), "", "", "not a JSON event"},
+		{"not UTF-8", []byte{0xff, 0xfe}, "", "", "not UTF-8"},
+		{"missing eventId", body(`"eventId":"3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10",`, ""), "", "", "eventId"},
+		{"eventId not a UUID", body("3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10", "42"), "", "", "eventId"},
+		{"unknown type", body("TransferCreated", "TransferExploded"), "", "", "unknown eventType"},
+		{"message_id mismatch", body(), "0c8a4c0e-2d37-4c61-8f0e-1e5d2b7a9e33", "", "message_id"},
+		{"type mismatch", body(), "", "TransferCompleted", "type property"},
+		{"bad occurredAt", body("2026-07-10T12:00:00Z", "yesterday"), "", "", "occurredAt"},
+		{"no data", []byte(`{"eventId":"3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10","eventType":"TransferCreated","occurredAt":"2026-07-10T12:00:00Z"}`), "", "", "data is missing"},
+		{"bad transferId", body("0c8a4c0e-2d37-4c61-8f0e-1e5d2b7a9e33", "t-1"), "", "", "transferId"},
+		{"empty fromAccount", body(`"fromAccount":"acc_00001"`, `"fromAccount":""`), "", "", "fromAccount"},
+		{"long toAccount", body("acc_00002", strings.Repeat("a", 65)), "", "", "toAccount"},
+		{"control character", body("acc_00002", `acc\u0007`), "", "", "non-printable"},
+		{"same accounts", body("acc_00002", "acc_00001"), "", "", "both"},
+		{"zero amount", body("10000", "0"), "", "", "not positive"},
+		{"negative amount", body("10000", "-5"), "", "", "not positive"},
+		{"fractional amount", body("10000", "100.5"), "", "", "not an integer"},
+		{"exponent amount", body("10000", "1e4"), "", "", "not an integer"},
+		{"string amount", body("10000", `"10000"`), "", "", "not an integer"},
+		{"missing amount", body(`"amountMinor":10000,`, ""), "", "", "amountMinor is missing"},
+		{"overflowing amount", body("10000", "99999999999999999999"), "", "", "not an integer"},
+		{"lower-case currency", body("EUR", "eur"), "", "", "currency"},
+		{"long currency", body("EUR", "EURO"), "", "", "currency"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Decode(tt.body, tt.messageID, tt.msgType)
+			if err == nil {
+				t.Fatal("decoded a poison message")
+			}
+			if c := ClassOf(t.Context(), err); c != ClassPoison {
+				t.Errorf("class = %q, want poison", c)
+			}
+			if !strings.Contains(err.Error(), tt.wantReason) {
+				t.Errorf("reason %q does not mention %q", err, tt.wantReason)
+			}
+		})
+	}
+}
+
+func TestFingerprintIgnoresLayoutButNotContent(t *testing.T) {
+	decode := func(b []byte) Event {
+		t.Helper()
+		ev, err := Decode(b, "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ev
+	}
+	a := decode([]byte(validBody))
+	spaced := decode([]byte("  " + strings.ReplaceAll(validBody, `,"`, `,   "`) + "\n"))
+	extra := decode(body(`"currency":"EUR"`, `"currency":"EUR","note":"ignored"`))
+	other := decode(body("10000", "10001"))
+	if !bytes.Equal(a.Fingerprint, spaced.Fingerprint) || !bytes.Equal(a.Fingerprint, extra.Fingerprint) {
+		t.Error("layout or unknown fields changed the fingerprint")
+	}
+	if bytes.Equal(a.Fingerprint, other.Fingerprint) {
+		t.Error("a different amount kept the fingerprint")
+	}
+}

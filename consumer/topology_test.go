@@ -1,0 +1,56 @@
+package consumer
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// The reasons below are what RabbitMQ 3.10.8 answers.
+func TestTranslateDeclareError(t *testing.T) {
+	tests := []struct {
+		name     string
+		err      error
+		topology bool
+		mentions []string
+	}{
+		{"plugin missing", &amqp.Error{Code: amqp.CommandInvalid,
+			Reason: "COMMAND_INVALID - unknown exchange type 'x-consistent-hash'"},
+			true, []string{"exchange transfers", "rabbitmq-plugins enable rabbitmq_consistent_hash_exchange"}},
+		{"queue with other arguments", &amqp.Error{Code: amqp.PreconditionFailed,
+			Reason: "PRECONDITION_FAILED - inequivalent arg 'x-delivery-limit' for queue 'transfers.3' in vhost '/': received the value '5' of type 'signedint' but current is none"},
+			true, []string{"queue transfers.3", "x-delivery-limit", "DECLARE_TOPOLOGY"}},
+		{"no permission", &amqp.Error{Code: amqp.AccessRefused, Reason: "ACCESS_REFUSED"},
+			true, []string{"permissions"}},
+		{"connection lost", amqp.ErrClosed, false, []string{"declare exchange transfers"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := translateDeclareError("exchange transfers", tt.err)
+			var te *TopologyError
+			if errors.As(err, &te) != tt.topology {
+				t.Errorf("TopologyError = %v, want %v: %v", !tt.topology, tt.topology, err)
+			}
+			for _, m := range tt.mentions {
+				if !strings.Contains(err.Error(), m) {
+					t.Errorf("%q does not mention %q", err, m)
+				}
+			}
+		})
+	}
+}
+
+func TestQueueArgs(t *testing.T) {
+	args := Topology{Prefix: "p", Queues: 2, DeliveryLimit: 7}.QueueArgs()
+	want := map[string]any{
+		"x-queue-type": "quorum", "x-single-active-consumer": true, "x-delivery-limit": int64(7),
+		"x-dead-letter-exchange": "p.dlx", "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish",
+	}
+	for k, v := range want {
+		if args[k] != v {
+			t.Errorf("%s = %v, want %v", k, args[k], v)
+		}
+	}
+}

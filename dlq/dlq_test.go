@@ -1,0 +1,66 @@
+package dlq
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+func TestQueueArgsHaveNoDeliveryLimitThatDrops(t *testing.T) {
+	tests := []struct {
+		version string
+		limit   any
+		has     bool
+	}{
+		{"3.10.8", nil, false}, // 3.x: no limit unless set; -1 would drop on first return
+		{"3.13.7", nil, false},
+		{"4.0.5", int64(-1), true}, // 4.x: the default 20 must be switched off
+		{"4.3.0", int64(-1), true},
+		{"", nil, false},
+	}
+	for _, tt := range tests {
+		limit, has := QueueArgs(tt.version)["x-delivery-limit"]
+		if has != tt.has || limit != tt.limit {
+			t.Errorf("%q: x-delivery-limit = %v (set %v), want %v (set %v)", tt.version, limit, has, tt.limit, tt.has)
+		}
+	}
+}
+
+func TestCopyKeepsTheMessageAndSaysWhy(t *testing.T) {
+	at := time.Date(2026, 7, 10, 12, 0, 0, 0, time.UTC)
+	d := amqp.Delivery{
+		Exchange: "transfers", RoutingKey: "acc_00001", Body: []byte("body"),
+		MessageId: "id-1", Type: "TransferCreated", ContentType: "application/json", UserId: "producer",
+		Headers: amqp.Table{"traceparent": "00-abc-def-01", "x-delivery-count": int64(2)},
+	}
+	msg := Copy(d, Failure{Class: "poison", Reason: strings.Repeat("é", 3000), Queue: "transfers.4", Instance: "host-1", At: at})
+
+	if string(msg.Body) != "body" || msg.MessageId != "id-1" || msg.Type != "TransferCreated" || msg.DeliveryMode != amqp.Persistent {
+		t.Errorf("the copy changed the message: %+v", msg)
+	}
+	if msg.UserId != "" {
+		t.Error("user_id kept: the broker would refuse the publish")
+	}
+	want := map[string]any{
+		HeaderClass: "poison", HeaderOriginalQueue: "transfers.4", HeaderOriginalExchange: "transfers",
+		HeaderOriginalKey: "acc_00001", HeaderFailedBy: "host-1", HeaderFailedAt: "2026-07-10T12:00:00Z",
+		HeaderDeliveryCount: int64(2), "traceparent": "00-abc-def-01",
+	}
+	for k, v := range want {
+		if msg.Headers[k] != v {
+			t.Errorf("header %s = %v, want %v", k, msg.Headers[k], v)
+		}
+	}
+	if _, ok := msg.Headers["x-delivery-count"]; ok {
+		t.Error("x-delivery-count copied; the DLQ counts its own deliveries under that name")
+	}
+	reason := msg.Headers[HeaderReason].(string)
+	if len(reason) > maxReason+len("…") || !strings.HasSuffix(reason, "…") {
+		t.Errorf("reason not truncated to %d bytes: %d", maxReason, len(reason))
+	}
+	if err := msg.Headers.Validate(); err != nil {
+		t.Errorf("headers are not a valid AMQP table: %v", err)
+	}
+}
