@@ -9,7 +9,6 @@ package main
 import (
 	"context"
 	"embed"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -17,8 +16,6 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"transferconsumer/consumer"
 	"transferconsumer/db"
@@ -39,28 +36,30 @@ func main() {
 const usageText = `Usage: transferconsumer [command]
 
 Commands:
-  (none), run   consume every partition queue until SIGTERM or SIGINT
-  migrate       create or update the database schema, then exit
-  topology      declare the exchanges, queues and bindings, then exit
-  help          print this text
+  (none), run          consume every partition queue until SIGTERM or SIGINT
+  migrate              create or update the database schema, then exit
+  topology             declare the exchanges, queues and bindings, then exit
+  dlq list [flags]     count the dead letters by class and reason, show the first ones
+  dlq replay [flags]   put dead letters back on the exchange (see dlq replay --help)
+  help                 print this text
 
 `
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cmd := "run"
 	if len(args) > 0 {
-		cmd = args[0]
-	}
-	if len(args) > 1 {
-		return fmt.Errorf("%s takes no arguments, got %q", cmd, args[1:])
+		cmd, args = args[0], args[1:]
 	}
 	switch cmd {
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usageText)
 		return printUsage(stdout)
-	case "run", "migrate", "topology":
+	case "run", "migrate", "topology", "dlq":
 	default:
 		return fmt.Errorf("unknown command %q (try --help)", cmd)
+	}
+	if cmd != "dlq" && len(args) > 0 {
+		return fmt.Errorf("%s takes no arguments, got %q", cmd, args)
 	}
 
 	cfg, err := loadConfig()
@@ -77,19 +76,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	switch cmd {
 	case "migrate":
-		database, err := db.Open(ctx, cfg.DatabaseURL, 2)
-		if err != nil {
-			return err
-		}
-		defer database.Close()
-		applied, err := db.Migrate(ctx, database, migrations)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(stdout, "applied %d migration(s) %v\n", len(applied), applied)
-		return nil
+		return migrateCommand(ctx, cfg, migrations, stdout)
 	case "topology":
-		return declareTopology(cfg, stdout)
+		return topologyCommand(cfg, stdout)
+	case "dlq":
+		return dlqCommand(cfg, args, stdout)
 	}
 	return serve(ctx, cfg, log, migrations)
 }
@@ -112,28 +103,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, migrations fs.FS) 
 	}
 	svc := consumer.New(cfg.consumerConfig(log), db.NewInbox(database))
 	if err := svc.Run(ctx); err != nil {
-		var te *consumer.TopologyError
-		if errors.As(err, &te) {
-			return fmt.Errorf("broker topology: %w", err)
-		}
-		return err
+		return fmt.Errorf("broker topology: %w", err)
 	}
-	return nil
-}
-
-func declareTopology(cfg config, stdout io.Writer) error {
-	conn, err := amqp.DialConfig(cfg.AMQPURL, amqp.Config{
-		Properties: amqp.Table{"connection_name": cfg.instance() + "-topology"},
-	})
-	if err != nil {
-		return fmt.Errorf("connect to broker at %s: %w", redact(cfg.AMQPURL), err)
-	}
-	defer conn.Close()
-	t := cfg.topology()
-	if err := t.Declare(conn); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "declared exchange %s, queues %s … %s, and the dead-letter pair\n",
-		t.Prefix, t.Queue(0), t.Queue(t.Queues-1))
 	return nil
 }

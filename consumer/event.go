@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -77,6 +78,10 @@ func decode(body []byte, messageID, msgType string) (Event, error) {
 	}
 	var w wireEvent
 	if err := json.Unmarshal(body, &w); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) && typeErr.Field != "" {
+			return Event{}, fmt.Errorf("body is not a JSON event: %s must be a %s, got a %s", typeErr.Field, typeErr.Type, typeErr.Value)
+		}
 		return Event{}, fmt.Errorf("body is not a JSON event: %w", err)
 	}
 	if !uuidPattern.MatchString(w.EventID) {

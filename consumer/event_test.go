@@ -36,6 +36,7 @@ func TestDecodeRejectsPoison(t *testing.T) {
 		{"not JSON", []byte("hello"), "", "", "not a JSON event"},
 		{"empty", nil, "", "", "not a JSON event"},
 		{"array", []byte("[]"), "", "", "not a JSON event"},
+		{"number eventId", []byte(`{"eventId": 42}`), "", "", "eventId must be a string, got a number"},
 		{"not UTF-8", []byte{0xff, 0xfe}, "", "", "not UTF-8"},
 		{"missing eventId", body(`"eventId":"3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10",`, ""), "", "", "eventId"},
 		{"eventId not a UUID", body("3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10", "42"), "", "", "eventId"},

@@ -42,6 +42,18 @@ type Config struct {
 	// Observe, when set, is called once per delivery with the decision, after
 	// the ack, reject or dead-letter was sent. Tests and metrics use it.
 	Observe func(Decision)
+	// ObserveRetry, when set, is called before each in-place retry of a
+	// transient failure.
+	ObserveRetry func(Retry)
+}
+
+// Retry is one in-place retry of a transient failure.
+type Retry struct {
+	Queue   string
+	EventID string
+	Attempt int // 1 for the first retry
+	Delay   time.Duration
+	Err     error
 }
 
 // Decision is what happened to one delivery.

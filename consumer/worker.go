@@ -64,7 +64,7 @@ func (w *worker) handle(session context.Context, d amqp.Delivery) error {
 		Queue:         w.queue,
 		EventID:       d.MessageId,
 		Redelivered:   d.Redelivered,
-		DeliveryCount: deliveryCount(d),
+		DeliveryCount: dlq.DeliveryCount(d.Headers),
 	}
 	ev, err := Decode(d.Body, d.MessageId, d.Type)
 	if err == nil {
@@ -114,6 +114,9 @@ func (w *worker) apply(session context.Context, ev Event) (Result, int, error) {
 		delay := w.svc.cfg.Retry.Delay(attempt)
 		w.svc.log.Warn("transient failure, retrying in place",
 			"queue", w.queue, "event_id", ev.ID, "attempt", attempt+1, "delay", delay, "err", err)
+		if w.svc.cfg.ObserveRetry != nil {
+			w.svc.cfg.ObserveRetry(Retry{Queue: w.queue, EventID: ev.ID, Attempt: attempt + 1, Delay: delay, Err: err})
+		}
 		select {
 		case <-session.Done():
 			return res, attempt, err
@@ -185,7 +188,8 @@ func (w *worker) log(dec Decision, sendErr error) {
 	}
 	attrs := []any{
 		"event_id", dec.EventID, "queue", dec.Queue, "redelivered", dec.Redelivered,
-		"delivery_count", dec.DeliveryCount, "outcome", outcome, "duration", dec.Duration,
+		"delivery_count", dec.DeliveryCount, "outcome", outcome,
+		"duration_ms", float64(dec.Duration.Microseconds())/1000,
 	}
 	if dec.Class != "" {
 		attrs = append(attrs, "class", dec.Class, "err", dec.Err)
@@ -197,16 +201,4 @@ func (w *worker) log(dec Decision, sendErr error) {
 		attrs = append(attrs, "send_err", sendErr)
 	}
 	w.svc.log.Log(context.Background(), level, "event", attrs...)
-}
-
-func deliveryCount(d amqp.Delivery) int64 {
-	switch c := d.Headers["x-delivery-count"].(type) {
-	case int64:
-		return c
-	case int32:
-		return int64(c)
-	case int:
-		return int64(c)
-	}
-	return 0
 }

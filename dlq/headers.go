@@ -19,6 +19,8 @@ const (
 	HeaderOriginalExchange = "x-original-exchange"
 	HeaderOriginalKey      = "x-original-routing-key"
 	HeaderDeliveryCount    = "x-original-delivery-count"
+	// HeaderReplayedAt marks a message that Replay put back.
+	HeaderReplayedAt = "x-replayed-at"
 )
 
 // maxReason bounds the reason text: headers travel in one frame, and a long
@@ -37,25 +39,13 @@ type Failure struct {
 // Copy returns the publishing that dead-letters d: its body, properties and
 // routing key unchanged, its headers plus the failure headers. The broker's
 // own x-delivery-count is kept as x-original-delivery-count, since the DLQ
-// counts its own deliveries under the original name. The user_id property is
-// dropped: the broker refuses a publish whose user_id is not the publisher's.
+// counts its own deliveries under the original name.
 func Copy(d amqp.Delivery, f Failure) amqp.Publishing {
 	headers := amqp.Table{}
 	for k, v := range d.Headers {
 		headers[k] = v
 	}
-	count := int64(0)
-	if c, ok := d.Headers["x-delivery-count"]; ok {
-		delete(headers, "x-delivery-count")
-		switch c := c.(type) {
-		case int64:
-			count = c
-		case int32:
-			count = int64(c)
-		case int:
-			count = int64(c)
-		}
-	}
+	delete(headers, "x-delivery-count")
 	reason := f.Reason
 	if len(reason) > maxReason {
 		reason = strings.ToValidUTF8(reason[:maxReason], "") + "…"
@@ -67,7 +57,14 @@ func Copy(d amqp.Delivery, f Failure) amqp.Publishing {
 	headers[HeaderOriginalQueue] = f.Queue
 	headers[HeaderOriginalExchange] = d.Exchange
 	headers[HeaderOriginalKey] = d.RoutingKey
-	headers[HeaderDeliveryCount] = count
+	headers[HeaderDeliveryCount] = DeliveryCount(d.Headers)
+	return publishing(d, headers)
+}
+
+// publishing returns d as a persistent publishing with the given headers,
+// properties otherwise unchanged. The user_id property is dropped: the broker
+// refuses a publish whose user_id is not the publisher's.
+func publishing(d amqp.Delivery, headers amqp.Table) amqp.Publishing {
 	return amqp.Publishing{
 		Headers:         headers,
 		ContentType:     d.ContentType,
@@ -82,4 +79,18 @@ func Copy(d amqp.Delivery, f Failure) amqp.Publishing {
 		AppId:           d.AppId,
 		Body:            d.Body,
 	}
+}
+
+// DeliveryCount returns a quorum queue delivery's x-delivery-count: 0 on the
+// first delivery, when the broker leaves the header out.
+func DeliveryCount(headers amqp.Table) int64 {
+	switch c := headers["x-delivery-count"].(type) {
+	case int64:
+		return c
+	case int32:
+		return int64(c)
+	case int:
+		return int64(c)
+	}
+	return 0
 }

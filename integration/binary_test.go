@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -122,8 +123,10 @@ func TestBinaryAppliesTheContractSampleOnce(t *testing.T) {
 	const eventID = "3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10"
 	e.publishRaw(prefix, "acc_00001", sample, eventID)
 	e.publishRaw(prefix, "acc_00001", sample, eventID)
-	waitFor(t, 30*time.Second, "applied once and discarded once", func() bool {
-		return logs.count("outcome", "applied") == 1 && logs.count("outcome", "duplicate") == 1
+	e.publishRaw(prefix, "acc_00001", []byte(`{"eventId": 42}`), "")
+	waitFor(t, 30*time.Second, "applied once, discarded once, dead-lettered once", func() bool {
+		return logs.count("outcome", "applied") == 1 && logs.count("outcome", "duplicate") == 1 &&
+			logs.count("outcome", "dead-letter") == 1
 	})
 
 	serviceDB := sqlx.MustOpen("postgres", du.String())
@@ -148,14 +151,25 @@ func TestBinaryAppliesTheContractSampleOnce(t *testing.T) {
 		t.Fatal("the service did not exit within 30s of SIGTERM")
 	}
 
-	// The set-up subcommands alone, against what now exists: idempotent.
-	for _, sub := range []string{"migrate", "topology"} {
-		c := exec.Command(bin, sub)
+	// The subcommands alone, against what now exists.
+	for _, sub := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"migrate"}, "applied 0 migration(s)"},
+		{[]string{"topology"}, "declared exchange transfers"},
+		{[]string{"dlq", "list"}, "transfers.dlq: 1 dead letter(s)"},
+		{[]string{"dlq", "replay", "--class", "poison", "--dry-run"}, "would replay 1"},
+	} {
+		c := exec.Command(bin, sub.args...)
 		c.Env = environ
 		var out bytes.Buffer
 		c.Stdout, c.Stderr = &out, &out
-		if err := c.Run(); err != nil {
-			t.Errorf("%s: %v\n%s", sub, err, out.String())
+		if err := c.Run(); err != nil || !strings.Contains(out.String(), sub.want) {
+			t.Errorf("%v: %v, want output with %q:\n%s", sub.args, err, sub.want, out.String())
 		}
+	}
+	if n := len(e.peekDLQ()); n != 1 {
+		t.Errorf("after list and a dry run the DLQ holds %d, want 1", n)
 	}
 }

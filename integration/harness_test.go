@@ -15,6 +15,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -40,6 +41,7 @@ type env struct {
 	db      *sqlx.DB
 	pub     *amqp.Channel // confirm-mode publisher of the test
 	returns chan amqp.Return
+	limit   int // the queues' delivery limit
 }
 
 func newEnv(t *testing.T) *env {
@@ -52,7 +54,7 @@ func newEnv(t *testing.T) *env {
 		name = name[:40]
 	}
 	name = "tc_" + name + "_" + randomSuffix()
-	e := &env{t: t, name: name, vhost: name}
+	e := &env{t: t, name: name, vhost: name, limit: 5}
 
 	// Vhost, with the admin user's permissions.
 	mgmt(t, http.MethodPut, "/api/vhosts/"+url.PathEscape(e.vhost), nil, nil)
@@ -106,7 +108,7 @@ func newEnv(t *testing.T) *env {
 // topology returns the topology the tests consume: two queues are enough to
 // show partitioning and keep each test's set-up quick.
 func (e *env) topology(queues int) consumer.Topology {
-	return consumer.Topology{Prefix: prefix, Queues: queues, DeliveryLimit: 5}
+	return consumer.Topology{Prefix: prefix, Queues: queues, DeliveryLimit: e.limit}
 }
 
 // declare declares the topology without starting a consumer, so a test can
@@ -127,6 +129,7 @@ func (e *env) declare(queues int) {
 type service struct {
 	instance string
 	rec      *recorder
+	retries  atomic.Int64 // in-place retries of transient failures
 	stop     func()
 }
 
@@ -149,6 +152,7 @@ func (e *env) start(queues int, app consumer.Applier) *service {
 		Reconnect:       consumer.Backoff{Min: 50 * time.Millisecond, Max: time.Second},
 		Logger:          slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: testLogLevel()})),
 		Observe:         s.rec.add,
+		ObserveRetry:    func(consumer.Retry) { s.retries.Add(1) },
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

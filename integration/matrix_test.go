@@ -218,12 +218,28 @@ func TestMatrix4Poison(t *testing.T) {
 	if len(msgs) != 2 {
 		t.Fatalf("DLQ holds %d messages, want 2", len(msgs))
 	}
+	queue := ""
+	for _, d := range ds {
+		queue = d.Queue
+	}
 	for _, m := range msgs {
 		if m.RoutingKey != from {
 			t.Errorf("dead letter routing key = %q, want the original %q", m.RoutingKey, from)
 		}
-		if m.header("x-failure-class") != "poison" || m.header("x-original-queue") == nil || m.header("x-failure-reason") == nil {
-			t.Errorf("dead letter lacks its reason headers: %v", m.Properties["headers"])
+		want := map[string]any{
+			"x-failure-class": "poison", "x-original-queue": queue, "x-original-exchange": prefix,
+			"x-original-routing-key": from, "x-failed-by": svc.instance, "x-original-delivery-count": float64(0),
+		}
+		for k, v := range want {
+			if m.header(k) != v {
+				t.Errorf("dead letter header %s = %v, want %v", k, m.header(k), v)
+			}
+		}
+		if at, err := time.Parse(time.RFC3339Nano, fmt.Sprint(m.header("x-failed-at"))); err != nil || time.Since(at) > time.Minute {
+			t.Errorf("x-failed-at = %v, want the time it failed", m.header("x-failed-at"))
+		}
+		if reason, _ := m.header("x-failure-reason").(string); reason == "" {
+			t.Errorf("dead letter has no reason: %v", m.Properties["headers"])
 		}
 	}
 	if !strings.Contains(fmt.Sprint(msgs[1].header("x-failure-reason")), "amountMinor") {

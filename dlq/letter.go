@@ -1,0 +1,79 @@
+package dlq
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Letter is one dead letter as a person triaging the DLQ needs to see it.
+type Letter struct {
+	EventID    string
+	Class      string // x-failure-class, or the broker's reason (delivery_limit, rejected, …)
+	Reason     string
+	Queue      string // where it failed
+	RoutingKey string // the original routing key, which replay uses
+	FailedAt   time.Time
+}
+
+// Describe reads a dead letter's headers: the service's own when it
+// dead-lettered the message, else the broker's x-death when the broker did
+// (delivery limit reached, or a reject without requeue).
+func Describe(d amqp.Delivery) Letter {
+	l := Letter{EventID: d.MessageId, RoutingKey: d.RoutingKey}
+	if l.EventID == "" {
+		var body struct {
+			EventID string `json:"eventId"`
+		}
+		if json.Unmarshal(d.Body, &body) == nil {
+			l.EventID = body.EventID
+		}
+	}
+	if class, ok := d.Headers[HeaderClass].(string); ok {
+		l.Class = class
+		l.Reason, _ = d.Headers[HeaderReason].(string)
+		l.Queue, _ = d.Headers[HeaderOriginalQueue].(string)
+		if key, ok := d.Headers[HeaderOriginalKey].(string); ok {
+			l.RoutingKey = key
+		}
+		if at, ok := d.Headers[HeaderFailedAt].(string); ok {
+			l.FailedAt, _ = time.Parse(time.RFC3339Nano, at)
+		}
+		return l
+	}
+	// Dead-lettered by the broker: x-death is newest first.
+	if deaths, ok := d.Headers["x-death"].([]interface{}); ok && len(deaths) > 0 {
+		if death, ok := deaths[0].(amqp.Table); ok {
+			l.Class, _ = death["reason"].(string)
+			l.Queue, _ = death["queue"].(string)
+			l.FailedAt, _ = death["time"].(time.Time)
+			count, _ := death["count"].(int64)
+			l.Reason = fmt.Sprintf("dead-lettered by the broker (%s) from %s, %d time(s)", l.Class, l.Queue, count)
+			if keys, ok := death["routing-keys"].([]interface{}); ok && len(keys) > 0 {
+				if key, ok := keys[0].(string); ok {
+					l.RoutingKey = key
+				}
+			}
+		}
+		return l
+	}
+	l.Class, l.Reason = "unknown", "no failure headers"
+	return l
+}
+
+// Filter selects dead letters. Empty fields match everything.
+type Filter struct {
+	Class   string // exact
+	Reason  string // substring of the reason
+	EventID string // exact
+}
+
+// Match reports whether l passes the filter.
+func (f Filter) Match(l Letter) bool {
+	return (f.Class == "" || f.Class == l.Class) &&
+		(f.Reason == "" || strings.Contains(l.Reason, f.Reason)) &&
+		(f.EventID == "" || f.EventID == l.EventID)
+}

@@ -1,0 +1,109 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"transferconsumer/consumer"
+	"transferconsumer/db"
+	"transferconsumer/dlq"
+)
+
+// The operator's path: dead letters pile up, someone looks at them many
+// times in the management UI, fixes the cause, and replays. Looking loses
+// nothing; the replay applies the fixed event once; replaying an event that
+// was already applied changes no balance; what the filter leaves out stays.
+func TestReplayAfterFixIsSafe(t *testing.T) {
+	e := newEnv(t)
+	e.limit = 2
+	inbox := db.NewInbox(e.db)
+	var fixed atomic.Bool
+	broken := "acc_broken_" + e.name
+	app := applierFunc(func(ctx context.Context, ev consumer.Event) (consumer.Result, error) {
+		if ev.Transfer.ToAccount == broken && !fixed.Load() {
+			return consumer.Result{}, errors.New("downstream rule rejects this account")
+		}
+		return inbox.Apply(ctx, ev)
+	})
+	svc := e.start(2, app)
+	from := "acc_r_" + e.name
+
+	stuck := newTransfer(from, broken, 900)
+	applied := newTransfer(from, "acc_ok_"+e.name, 100)
+	e.publish(stuck)
+	e.publish(applied)
+	waitFor(t, 30*time.Second, "the stuck event in the DLQ and the other applied", func() bool {
+		return len(e.peekDLQ()) == 1 && len(svc.rec.of(applied.EventID)) == 1
+	})
+	// An already-applied event lands in the DLQ too (say, a copy moved there
+	// by hand), and a poison message.
+	e.publishRaw(dlq.Exchange(prefix), from, applied.body(), applied.EventID)
+	e.publishRaw(dlq.Exchange(prefix), from, []byte("garbage"), "")
+
+	for i := 0; i < 25; i++ {
+		if n := len(e.peekDLQ()); n != 3 {
+			t.Fatalf("peek %d: DLQ holds %d messages, want 3", i+1, n)
+		}
+	}
+
+	conn, err := amqp.Dial(e.amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	sum, err := dlq.List(conn, prefix, 10)
+	if err != nil || sum.Total != 3 || len(sum.Letters) != 3 {
+		t.Fatalf("List = %+v, %v; want 3 letters", sum, err)
+	}
+	byClass := map[string]int{}
+	for _, g := range sum.Groups {
+		byClass[g.Class] += g.Count
+	}
+	if byClass["delivery_limit"] != 1 {
+		t.Errorf("groups %+v: want one delivery_limit letter", sum.Groups)
+	}
+
+	dry, err := dlq.Replay(conn, prefix, dlq.Filter{}, 0, true)
+	if err != nil || dry.Scanned != 3 || len(dry.Replayed) != 3 {
+		t.Errorf("dry run = %+v, %v; want 3 scanned and 3 that would be replayed", dry, err)
+	}
+	if n := len(e.peekDLQ()); n != 3 {
+		t.Fatalf("after a dry run the DLQ holds %d, want 3", n)
+	}
+
+	fixed.Store(true)
+	r, err := dlq.Replay(conn, prefix, dlq.Filter{Class: "delivery_limit"}, 0, false)
+	if err != nil || len(r.Replayed) != 1 || r.Replayed[0].EventID != stuck.EventID {
+		t.Fatalf("replay of delivery_limit letters = %+v, %v; want the stuck event", r, err)
+	}
+	r, err = dlq.Replay(conn, prefix, dlq.Filter{EventID: applied.EventID}, 0, false)
+	if err != nil || len(r.Replayed) != 1 {
+		t.Fatalf("replay of the applied event = %+v, %v", r, err)
+	}
+	waitFor(t, 30*time.Second, "both replays decided", func() bool {
+		s := svc.rec.of(stuck.EventID)
+		return len(s) > 0 && s[len(s)-1].Action == consumer.ActionAck && len(svc.rec.of(applied.EventID)) == 2
+	})
+
+	if got := e.balance(broken); got != 900 {
+		t.Errorf("fixed account = %d, want 900 (applied once by the replay)", got)
+	}
+	if got := e.balance("acc_ok_" + e.name); got != 100 {
+		t.Errorf("already-applied account = %d, want 100 (the replay changed nothing)", got)
+	}
+	if got := e.balance(from); got != -1000 {
+		t.Errorf("source account = %d, want -1000", got)
+	}
+	if last := svc.rec.of(applied.EventID)[1]; !last.Duplicate {
+		t.Errorf("replayed applied event: want duplicate, got %+v", last)
+	}
+	left := e.peekDLQ()
+	if len(left) != 1 || left[0].Payload != "garbage" {
+		t.Errorf("DLQ = %+v, want only the poison message the filters left out", left)
+	}
+}
