@@ -189,7 +189,7 @@ func (w *worker) log(dec Decision, sendErr error) {
 	attrs := []any{
 		"event_id", dec.EventID, "queue", dec.Queue, "redelivered", dec.Redelivered,
 		"delivery_count", dec.DeliveryCount, "outcome", outcome,
-		"duration_ms", float64(dec.Duration.Microseconds())/1000,
+		"duration_ms", float64(dec.Duration.Microseconds()) / 1000,
 	}
 	if dec.Class != "" {
 		attrs = append(attrs, "class", dec.Class, "err", dec.Err)
