@@ -31,6 +31,26 @@ func migrateCommand(ctx context.Context, cfg config, migrations fs.FS, stdout io
 	return nil
 }
 
+func pruneCommand(ctx context.Context, cfg config, stdout io.Writer) error {
+	database, err := db.Open(ctx, cfg.DatabaseURL, 2)
+	if err != nil {
+		return err
+	}
+	defer database.Close()
+	start := time.Now()
+	res, err := db.Prune(ctx, database, cfg.InboxTTL, cfg.PruneBatch)
+	if err != nil {
+		return fmt.Errorf("after deleting %d rows: %w", res.Deleted, err)
+	}
+	if !res.Ran {
+		fmt.Fprintln(stdout, "another replica is pruning; nothing done")
+		return nil
+	}
+	fmt.Fprintf(stdout, "deleted %d inbox rows older than %s in %d batch(es), %s\n",
+		res.Deleted, cfg.InboxTTL, res.Batches, time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
 func topologyCommand(cfg config, stdout io.Writer) error {
 	conn, err := dial(cfg, "topology")
 	if err != nil {

@@ -33,6 +33,10 @@ type config struct {
 	ReconnectMin    time.Duration `envconfig:"RECONNECT_MIN" default:"500ms" desc:"first wait before reconnecting to the broker or database"`
 	ReconnectMax    time.Duration `envconfig:"RECONNECT_MAX" default:"30s" desc:"longest wait between reconnects"`
 	DBMaxConns      int           `envconfig:"DB_MAX_CONNS" default:"0" desc:"database connection pool size (0: QUEUE_COUNT+2)"`
+	HTTPAddr        string        `envconfig:"HTTP_ADDR" default:":8080" desc:"address of /healthz, /readyz and /metrics; empty to serve none"`
+	InboxTTL        time.Duration `envconfig:"INBOX_TTL" default:"720h" desc:"how long an applied eventId is remembered (adr/0003); older rows are pruned"`
+	PruneInterval   time.Duration `envconfig:"PRUNE_INTERVAL" default:"1m" desc:"how often retention runs (one replica at a time)"`
+	PruneBatch      int           `envconfig:"PRUNE_BATCH" default:"5000" desc:"inbox rows deleted per statement"`
 	LogLevel        string        `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	LogFormat       string        `envconfig:"LOG_FORMAT" default:"json" desc:"json or text"`
 }
@@ -71,6 +75,12 @@ func (c config) validate() error {
 		return bad("RETRY_MIN/RETRY_MAX", "need 0 < RETRY_MIN <= RETRY_MAX, got %s and %s", c.RetryMin, c.RetryMax)
 	case c.ReconnectMin <= 0 || c.ReconnectMax < c.ReconnectMin:
 		return bad("RECONNECT_MIN/RECONNECT_MAX", "need 0 < RECONNECT_MIN <= RECONNECT_MAX, got %s and %s", c.ReconnectMin, c.ReconnectMax)
+	case c.InboxTTL < time.Hour:
+		return bad("INBOX_TTL", "must be at least 1h (see adr/0003), got %s", c.InboxTTL)
+	case c.PruneInterval <= 0:
+		return bad("PRUNE_INTERVAL", "must be positive, got %s", c.PruneInterval)
+	case c.PruneBatch < 1 || c.PruneBatch > 100000:
+		return bad("PRUNE_BATCH", "must be between 1 and 100000, got %d", c.PruneBatch)
 	case c.DBMaxConns < 0:
 		return bad("DB_MAX_CONNS", "must not be negative, got %d", c.DBMaxConns)
 	}

@@ -13,8 +13,10 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 
 	"transferconsumer/consumer"
@@ -39,6 +41,7 @@ Commands:
   (none), run          consume every partition queue until SIGTERM or SIGINT
   migrate              create or update the database schema, then exit
   topology             declare the exchanges, queues and bindings, then exit
+  prune                delete inbox rows older than INBOX_TTL, then exit
   dlq list [flags]     count the dead letters by class and reason, show the first ones
   dlq replay [flags]   put dead letters back on the exchange (see dlq replay --help)
   help                 print this text
@@ -54,7 +57,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usageText)
 		return printUsage(stdout)
-	case "run", "migrate", "topology", "dlq":
+	case "run", "migrate", "topology", "prune", "dlq":
 	default:
 		return fmt.Errorf("unknown command %q (try --help)", cmd)
 	}
@@ -79,6 +82,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return migrateCommand(ctx, cfg, migrations, stdout)
 	case "topology":
 		return topologyCommand(cfg, stdout)
+	case "prune":
+		return pruneCommand(ctx, cfg, stdout)
 	case "dlq":
 		return dlqCommand(cfg, args, stdout)
 	}
@@ -86,10 +91,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 // serve connects to the database (waiting for it while it is unreachable),
-// migrates it, and consumes until ctx ends.
+// migrates it, and consumes until ctx ends, with the health and metrics
+// server and the inbox retention job beside the consumer.
 func serve(ctx context.Context, cfg config, log *slog.Logger, migrations fs.FS) error {
 	log.Info("starting", "instance", cfg.instance(), "amqp_url", redact(cfg.AMQPURL),
 		"database_url", redact(cfg.DatabaseURL), "queues", cfg.QueueCount, "prefix", cfg.Prefix)
+	var ln net.Listener
+	if cfg.HTTPAddr != "" {
+		var err error
+		if ln, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
+			return fmt.Errorf("HTTP_ADDR: %w", err)
+		}
+		defer ln.Close()
+	}
 	database, err := db.OpenWhenReady(ctx, cfg.DatabaseURL, cfg.dbMaxConns(), cfg.backoff(), log)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -101,7 +115,25 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, migrations fs.FS) 
 	if _, err := db.Migrate(ctx, database, migrations); err != nil {
 		return err
 	}
-	svc := consumer.New(cfg.consumerConfig(log), db.NewInbox(database))
+
+	ccfg := cfg.consumerConfig(log)
+	var m *metrics
+	ccfg.Observe = func(d consumer.Decision) { m.decided(d) }
+	ccfg.ObserveRetry = func(r consumer.Retry) { m.retried(r) }
+	svc := consumer.New(ccfg, db.NewInbox(database))
+	m = newMetrics(svc, database)
+
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	jobs, stopJobs := context.WithCancel(ctx)
+	defer stopJobs()
+	if ln != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); serveHTTP(jobs, ln, svc, database, m, log) }()
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); pruneLoop(jobs, database, cfg, m, log) }()
+
 	if err := svc.Run(ctx); err != nil {
 		return fmt.Errorf("broker topology: %w", err)
 	}

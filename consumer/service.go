@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -93,9 +94,27 @@ func (b Backoff) Delay(attempt int) time.Duration {
 // Service consumes every partition queue and applies each event once in
 // effect.
 type Service struct {
-	cfg Config
-	app Applier
-	log *slog.Logger
+	cfg       Config
+	app       Applier
+	log       *slog.Logger
+	connected atomic.Bool
+	consuming atomic.Int32
+}
+
+// State is what readiness checks need to know about the broker side.
+type State struct {
+	Connected bool // a broker session is up
+	Consuming int  // queues with a running consumer
+	Queues    int  // queues there are to consume
+}
+
+// State returns the service's current broker-side state.
+func (s *Service) State() State {
+	return State{
+		Connected: s.connected.Load(),
+		Consuming: int(s.consuming.Load()),
+		Queues:    s.cfg.Topology.Queues,
+	}
 }
 
 // New returns a Service; Run starts it.
@@ -170,6 +189,8 @@ func (s *Service) session(stop, work context.Context) error {
 	}
 	defer conn.Close()
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	s.connected.Store(true)
+	defer s.connected.Store(false)
 
 	if s.cfg.Declare {
 		if err := s.cfg.Topology.Declare(conn); err != nil {
@@ -189,8 +210,10 @@ func (s *Service) session(stop, work context.Context) error {
 			return err
 		}
 		wg.Add(1)
+		s.consuming.Add(1)
 		go func() {
 			defer wg.Done()
+			defer s.consuming.Add(-1)
 			errs <- w.run(session)
 		}()
 	}

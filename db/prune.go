@@ -1,0 +1,85 @@
+package db
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// pruneLock is the advisory lock key that lets one replica at a time prune.
+const pruneLock = 7_301_002
+
+// PruneResult is what one Prune run did.
+type PruneResult struct {
+	Ran     bool  // false when another replica held the prune lock
+	Deleted int64 // inbox rows removed
+	Batches int
+}
+
+// Prune deletes inbox rows older than ttl, at most batch rows per statement,
+// until none are left, each batch in its own short transaction so that it
+// holds row locks only on the rows it removes and never blocks a consumer's
+// claim. It runs only if it can take the prune advisory lock, so replicas
+// pruning on the same interval take turns instead of competing. It returns
+// the rows deleted so far along with any error; transient errors are
+// classified as usual.
+func Prune(ctx context.Context, db *sqlx.DB, ttl time.Duration, batch int) (PruneResult, error) {
+	var res PruneResult
+	conn, err := db.Connx(ctx)
+	if err != nil {
+		return res, fmt.Errorf("prune: %w", translate(err))
+	}
+	defer conn.Close()
+	var locked bool
+	if err := conn.GetContext(ctx, &locked, `SELECT pg_try_advisory_lock($1)`, pruneLock); err != nil {
+		return res, fmt.Errorf("prune: take lock: %w", translate(err))
+	}
+	if !locked {
+		return res, nil
+	}
+	defer conn.ExecContext(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, pruneLock)
+	res.Ran = true
+
+	cutoff := fmt.Sprintf("%d milliseconds", ttl.Milliseconds())
+	for {
+		// The subquery walks the processed_at index oldest first; SKIP
+		// LOCKED steps over any row a concurrent transaction holds.
+		r, err := conn.ExecContext(ctx, `
+			DELETE FROM processed_event WHERE event_id IN (
+				SELECT event_id FROM processed_event
+				WHERE processed_at < now() - $1::interval
+				ORDER BY processed_at
+				LIMIT $2
+				FOR UPDATE SKIP LOCKED)`, cutoff, batch)
+		if err != nil {
+			return res, fmt.Errorf("prune: delete batch %d: %w", res.Batches+1, translate(err))
+		}
+		n, _ := r.RowsAffected()
+		res.Deleted += n
+		res.Batches++
+		if n < int64(batch) {
+			return res, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+	}
+}
+
+// OldestInboxAge returns the age of the oldest inbox row, 0 when the inbox is
+// empty. Retention keeps it under the TTL plus one prune interval.
+func OldestInboxAge(ctx context.Context, db *sqlx.DB) (time.Duration, error) {
+	var age sql.NullFloat64
+	err := db.GetContext(ctx, &age,
+		`SELECT extract(epoch FROM now() - min(processed_at)) FROM processed_event`)
+	if err != nil {
+		return 0, translate(err)
+	}
+	if !age.Valid {
+		return 0, nil
+	}
+	return time.Duration(age.Float64 * float64(time.Second)), nil
+}

@@ -1,0 +1,60 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"transferconsumer/consumer"
+)
+
+// serveHTTP serves /healthz (the process is alive), /readyz (broker
+// connected, every queue consumed, database answering) and /metrics on ln
+// until ctx ends.
+func serveHTTP(ctx context.Context, ln net.Listener, svc *consumer.Service, database *sqlx.DB, m *metrics, log *slog.Logger) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		st := svc.State()
+		dbErr := pingDB(database)
+		ready := st.Connected && st.Consuming == st.Queues && dbErr == nil
+		body := map[string]any{
+			"ready":            ready,
+			"broker_connected": st.Connected,
+			"queues_consumed":  st.Consuming,
+			"queues":           st.Queues,
+			"database_up":      dbErr == nil,
+		}
+		if dbErr != nil {
+			body["database_error"] = redactErr(dbErr)
+		}
+		w.Header().Set("Content-Type", "application/json")
+		if !ready {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		_ = json.NewEncoder(w).Encode(body)
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{}))
+
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdownCtx)
+	}()
+	log.Info("serving health and metrics", "addr", ln.Addr().String())
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		log.Error("health and metrics server stopped", "err", err)
+	}
+}

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"transferconsumer/consumer"
+	"transferconsumer/db"
+)
+
+// metrics are the service's Prometheus series. Each is fed from one place:
+// the consumer's decision and retry hooks, the prune job, or a scrape-time
+// read of the service's state.
+type metrics struct {
+	registry  *prometheus.Registry
+	events    *prometheus.CounterVec
+	latency   *prometheus.HistogramVec
+	retries   prometheus.Counter
+	conflicts prometheus.Counter
+	pruned    prometheus.Counter
+}
+
+func newMetrics(svc *consumer.Service, database *sqlx.DB) *metrics {
+	const ns = "transferconsumer"
+	m := &metrics{
+		registry: prometheus.NewRegistry(),
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "events_total",
+			Help: "Deliveries by outcome (applied, duplicate, dead_lettered, requeued) and failure class.",
+		}, []string{"outcome", "class"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Name: "event_processing_seconds",
+			Help:    "Time from receiving a delivery to acking, dead-lettering or requeueing it, by outcome.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"outcome"}),
+		retries: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "db_retries_total",
+			Help: "In-place retries of transient database failures.",
+		}),
+		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "producer_conflicts_total",
+			Help: "Deliveries whose eventId was applied before with other content; alert on any increase.",
+		}),
+		pruned: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "inbox_pruned_rows_total",
+			Help: "Inbox rows removed by retention.",
+		}),
+	}
+	// Series an alert watches exist from the start, at zero.
+	for _, oc := range [][2]string{{"applied", ""}, {"duplicate", ""}, {"requeued", "unknown"},
+		{"dead_lettered", "poison"}, {"dead_lettered", "producer-conflict"}} {
+		m.events.WithLabelValues(oc[0], oc[1])
+	}
+	gauge := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: name, Help: help}, f)
+	}
+	boolean := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	m.registry.MustRegister(
+		m.events, m.latency, m.retries, m.conflicts, m.pruned,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		gauge("broker_connected", "1 while a broker connection is up.",
+			func() float64 { return boolean(svc.State().Connected) }),
+		gauge("queues_consumed", "Partition queues with a running consumer.",
+			func() float64 { return float64(svc.State().Consuming) }),
+		gauge("database_up", "1 when the database answered a ping at scrape time.",
+			func() float64 { return boolean(pingDB(database) == nil) }),
+		gauge("inbox_oldest_row_age_seconds", "Age of the oldest inbox row; retention keeps it near INBOX_TTL.",
+			func() float64 {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				age, err := db.OldestInboxAge(ctx, database)
+				if err != nil {
+					return -1
+				}
+				return age.Seconds()
+			}),
+	)
+	return m
+}
+
+// decided is the consumer's Observe hook.
+func (m *metrics) decided(d consumer.Decision) {
+	outcome := "applied"
+	switch {
+	case d.Duplicate:
+		outcome = "duplicate"
+	case d.Action == consumer.ActionDeadLetter:
+		outcome = "dead_lettered"
+	case d.Action == consumer.ActionRequeue:
+		outcome = "requeued"
+	}
+	m.events.WithLabelValues(outcome, string(d.Class)).Inc()
+	m.latency.WithLabelValues(outcome).Observe(d.Duration.Seconds())
+	if d.Class == consumer.ClassConflict {
+		m.conflicts.Inc()
+	}
+}
+
+// retried is the consumer's ObserveRetry hook.
+func (m *metrics) retried(consumer.Retry) { m.retries.Inc() }
+
+func pingDB(database *sqlx.DB) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	return database.PingContext(ctx)
+}
