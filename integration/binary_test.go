@@ -1,16 +1,11 @@
 package integration
 
 import (
-	"bufio"
 	"bytes"
-	"encoding/json"
-	"fmt"
 	"net/url"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -18,52 +13,6 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 )
-
-var (
-	buildOnce sync.Once
-	binary    string
-	buildErr  error
-)
-
-// buildService builds the service binary from the repository root, once per
-// test run, the way the README says to.
-func buildService(t *testing.T) string {
-	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "transferconsumer-bin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binary = filepath.Join(dir, "tc")
-		out, err := exec.Command("go", "build", "-race", "-o", binary, "..").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("%w: %s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatalf("build the service: %v", buildErr)
-	}
-	return binary
-}
-
-// logLines collects the JSON log lines of a service process.
-type logLines struct {
-	mu    sync.Mutex
-	lines []map[string]any
-}
-
-func (l *logLines) count(key, value string) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, line := range l.lines {
-		if line[key] == value {
-			n++
-		}
-	}
-	return n
-}
 
 // The README's promise end to end, through the real binary: it creates and
 // migrates its own database, declares its topology, applies the contract's
@@ -79,43 +28,13 @@ func TestBinaryAppliesTheContractSampleOnce(t *testing.T) {
 	t.Cleanup(func() { admin.Exec("DROP DATABASE IF EXISTS " + pq.QuoteIdentifier(dbName) + " WITH (FORCE)") })
 	du, _ := url.Parse(shared.databaseURL)
 	du.Path = "/" + dbName
-	environ := append(os.Environ(),
-		"AMQP_URL="+e.amqpURL, "DATABASE_URL="+du.String(), "QUEUE_COUNT=2",
-		"INSTANCE_NAME="+e.name+"-bin", "SHUTDOWN_TIMEOUT=10s")
-
-	cmd := exec.Command(bin)
-	cmd.Env = environ
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
+	environ := []string{
+		"AMQP_URL=" + e.amqpURL, "DATABASE_URL=" + du.String(), "QUEUE_COUNT=2",
+		"INSTANCE_NAME=" + e.name + "-bin", "SHUTDOWN_TIMEOUT=10s", "HTTP_ADDR=127.0.0.1:0",
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	logs := &logLines{}
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			var line map[string]any
-			if json.Unmarshal(sc.Bytes(), &line) != nil || line["level"] != "INFO" {
-				t.Log(sc.Text())
-			}
-			if line != nil {
-				logs.mu.Lock()
-				logs.lines = append(logs.lines, line)
-				logs.mu.Unlock()
-			}
-		}
-		exited <- cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-		}
-	})
+	proc := startProcess(t, environ)
+	proc.waitConsuming(1)
 
-	waitFor(t, 60*time.Second, "the service to consume", func() bool { return logs.count("msg", "consuming") == 1 })
 	sample, err := os.ReadFile("testdata/contract-sample.json")
 	if err != nil {
 		t.Fatal(err)
@@ -125,8 +44,8 @@ func TestBinaryAppliesTheContractSampleOnce(t *testing.T) {
 	e.publishRaw(prefix, "acc_00001", sample, eventID)
 	e.publishRaw(prefix, "acc_00001", []byte(`{"eventId": 42}`), "")
 	waitFor(t, 30*time.Second, "applied once, discarded once, dead-lettered once", func() bool {
-		return logs.count("outcome", "applied") == 1 && logs.count("outcome", "duplicate") == 1 &&
-			logs.count("outcome", "dead-letter") == 1
+		return proc.count("outcome", "applied") == 1 && proc.count("outcome", "duplicate") == 1 &&
+			proc.count("outcome", "dead-letter") == 1
 	})
 
 	serviceDB := sqlx.MustOpen("postgres", du.String())
@@ -139,16 +58,28 @@ func TestBinaryAppliesTheContractSampleOnce(t *testing.T) {
 		t.Errorf("acc_00002 balance %d with %d inbox rows, want 10000 and 1", balance, rows)
 	}
 
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
+	base := proc.httpAddr()
+	var ready map[string]any
+	if code := getJSON(t, base+"/readyz", &ready); code != 200 || ready["ready"] != true {
+		t.Errorf("/readyz = %d %v, want 200 and ready", code, ready)
 	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Errorf("after SIGTERM the service exited with %v, want 0", err)
+	metrics := getText(t, base+"/metrics")
+	for _, want := range []string{
+		`transferconsumer_events_total{class="",outcome="applied"} 1`,
+		`transferconsumer_events_total{class="",outcome="duplicate"} 1`,
+		`transferconsumer_events_total{class="poison",outcome="dead_lettered"} 1`,
+		`transferconsumer_broker_connected 1`,
+		`transferconsumer_queues_consumed 2`,
+		`transferconsumer_database_up 1`,
+		`transferconsumer_event_processing_seconds_count{outcome="applied"} 1`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %s", want)
 		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the service did not exit within 30s of SIGTERM")
+	}
+
+	if err := proc.stop(syscall.SIGTERM, 30*time.Second); err != nil {
+		t.Errorf("after SIGTERM the service exited with %v, want 0", err)
 	}
 
 	// The subcommands alone, against what now exists.
@@ -162,7 +93,7 @@ func TestBinaryAppliesTheContractSampleOnce(t *testing.T) {
 		{[]string{"dlq", "replay", "--class", "poison", "--dry-run"}, "would replay 1"},
 	} {
 		c := exec.Command(bin, sub.args...)
-		c.Env = environ
+		c.Env = append(os.Environ(), environ...)
 		var out bytes.Buffer
 		c.Stdout, c.Stderr = &out, &out
 		if err := c.Run(); err != nil || !strings.Contains(out.String(), sub.want) {
