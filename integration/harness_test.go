@@ -89,20 +89,27 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 
-	// The test's own publisher, named after the test in the management UI.
-	conn, err := amqp.DialConfig(e.amqpURL, amqp.Config{Properties: amqp.Table{"connection_name": name + "-publisher"}})
+	e.openPublisher()
+	return e
+}
+
+// openPublisher opens the test's own publishing channel, in confirm mode, on
+// a connection named after the test in the management UI. A test calls it
+// again after a broker restart closed the previous one.
+func (e *env) openPublisher() {
+	e.t.Helper()
+	conn, err := amqp.DialConfig(e.amqpURL, amqp.Config{Properties: amqp.Table{"connection_name": e.name + "-publisher"}})
 	if err != nil {
-		t.Fatal(err)
+		e.t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close() })
-	e.pub, err = conn.Channel()
-	if err != nil {
-		t.Fatal(err)
+	e.t.Cleanup(func() { conn.Close() })
+	if e.pub, err = conn.Channel(); err != nil {
+		e.t.Fatal(err)
 	}
 	if err := e.pub.Confirm(false); err != nil {
-		t.Fatal(err)
+		e.t.Fatal(err)
 	}
-	return e
+	e.returns = e.pub.NotifyReturn(make(chan amqp.Return, 1))
 }
 
 // topology returns the topology the tests consume: two queues are enough to
@@ -130,7 +137,15 @@ type service struct {
 	instance string
 	rec      *recorder
 	retries  atomic.Int64 // in-place retries of transient failures
+	retrying sync.Map     // queue name → true once it retried in place
 	stop     func()
+}
+
+// retryingQueues returns how many queues have retried a transient failure.
+func (s *service) retryingQueues() int {
+	n := 0
+	s.retrying.Range(func(any, any) bool { n++; return true })
+	return n
 }
 
 // start runs a consumer over app (the real inbox when nil) until the test
@@ -152,7 +167,10 @@ func (e *env) start(queues int, app consumer.Applier) *service {
 		Reconnect:       consumer.Backoff{Min: 50 * time.Millisecond, Max: time.Second},
 		Logger:          slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: testLogLevel()})),
 		Observe:         s.rec.add,
-		ObserveRetry:    func(consumer.Retry) { s.retries.Add(1) },
+		ObserveRetry: func(r consumer.Retry) {
+			s.retries.Add(1)
+			s.retrying.Store(r.Queue, true)
+		},
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
