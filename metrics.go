@@ -52,7 +52,7 @@ func newMetrics(svc *consumer.Service, database *sqlx.DB) *metrics {
 	}
 	// Series an alert watches exist from the start, at zero.
 	for _, oc := range [][2]string{{"applied", ""}, {"duplicate", ""}, {"requeued", "unknown"},
-		{"dead_lettered", "poison"}, {"dead_lettered", "producer-conflict"}} {
+		{"dead_lettered", "poison"}, {"dead_lettered", "producer-conflict"}, {"dead_lettered", "invalid-transition"}} {
 		m.events.WithLabelValues(oc[0], oc[1])
 	}
 	gauge := func(name, help string, f func() float64) prometheus.Collector {

@@ -17,6 +17,10 @@ const (
 	// ClassConflict: the eventId was already applied with other content.
 	// That is producer corruption: dead-lettered and raised, never applied.
 	ClassConflict Class = "producer-conflict"
+	// ClassTransition: a lifecycle event that contradicts the transfer's
+	// state (completed after failed, or the reverse; a second creation; data
+	// that does not match the transfer). Dead-lettered, never applied.
+	ClassTransition Class = "invalid-transition"
 	// ClassTransient: the service's own dependency failed (database down,
 	// connection lost, serialization failure, deadlock). Retried in place,
 	// without returning the message, so its delivery count is not burnt.
@@ -48,6 +52,9 @@ func Poison(err error) error { return wrap(ClassPoison, err) }
 // Conflict marks err as a producer conflict: same eventId, other content.
 func Conflict(err error) error { return wrap(ClassConflict, err) }
 
+// Transition marks err as a lifecycle event that contradicts its transfer.
+func Transition(err error) error { return wrap(ClassTransition, err) }
+
 // Transient marks err as a fault of a dependency that will pass: the
 // message is retried in place.
 func Transient(err error) error { return wrap(ClassTransient, err) }
@@ -59,17 +66,17 @@ func wrap(class Class, err error) error {
 	return &classified{class: class, err: err}
 }
 
-// ClassOf returns the class of err: poison and conflict as marked, since no
-// shutdown makes them less permanent; ClassShutdown when ctx was cancelled
-// because the service is stopping; else the class err was marked with, or
-// ClassUnknown. It returns "" for a nil error.
+// ClassOf returns the class of err: poison, conflict and transition as
+// marked, since no shutdown makes them less permanent; ClassShutdown when ctx
+// was cancelled because the service is stopping; else the class err was
+// marked with, or ClassUnknown. It returns "" for a nil error.
 func ClassOf(ctx context.Context, err error) Class {
 	if err == nil {
 		return ""
 	}
 	var c *classified
 	marked := errors.As(err, &c)
-	if marked && (c.class == ClassPoison || c.class == ClassConflict) {
+	if marked && (c.class == ClassPoison || c.class == ClassConflict || c.class == ClassTransition) {
 		return c.class
 	}
 	if errors.Is(context.Cause(ctx), ErrShutdown) {
@@ -97,7 +104,7 @@ func decide(class Class) Action {
 	switch class {
 	case "":
 		return ActionAck
-	case ClassPoison, ClassConflict:
+	case ClassPoison, ClassConflict, ClassTransition:
 		return ActionDeadLetter
 	default: // ClassTransient, ClassUnknown, ClassShutdown
 		return ActionRequeue

@@ -14,9 +14,16 @@ import (
 	"unicode/utf8"
 )
 
-// EventTransferCreated is the only event type this version applies; any
-// other eventType is poison.
-const EventTransferCreated = "TransferCreated"
+// The event types of a transfer's life. Any other eventType is poison.
+const (
+	EventTransferCreated   = "TransferCreated"   // moves the amount
+	EventTransferCompleted = "TransferCompleted" // created → completed
+	EventTransferFailed    = "TransferFailed"    // created → failed, reversing the amount
+)
+
+func knownType(t string) bool {
+	return t == EventTransferCreated || t == EventTransferCompleted || t == EventTransferFailed
+}
 
 // Event is a decoded, validated transfer event. Every field has been checked
 // against the contract, so the database side trusts it as it is.
@@ -31,7 +38,10 @@ type Event struct {
 	Fingerprint []byte
 }
 
-// Transfer is the data of a transfer event.
+// Transfer is the data of a transfer event. Every type carries all of it:
+// the accounts keep the routing key (fromAccount) the same for the whole
+// life of a transfer, and the amount lets a consumer check a later event
+// against the transfer it names.
 type Transfer struct {
 	ID          string // transferId, canonical lower-case UUID
 	FromAccount string
@@ -91,7 +101,7 @@ func decode(body []byte, messageID, msgType string) (Event, error) {
 	if messageID != "" && !strings.EqualFold(messageID, w.EventID) {
 		return Event{}, fmt.Errorf("message_id %q does not match eventId %q", messageID, w.EventID)
 	}
-	if w.EventType != EventTransferCreated {
+	if !knownType(w.EventType) {
 		return Event{}, fmt.Errorf("unknown eventType %q", w.EventType)
 	}
 	if msgType != "" && msgType != w.EventType {

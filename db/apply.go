@@ -31,6 +31,8 @@ func NewInbox(db *sqlx.DB) *Inbox { return &Inbox{db: db} }
 // It returns Result{Duplicate: true} when ev.ID was applied before with the
 // same content; a consumer.Conflict error when it was applied with other
 // content (after recording the conflict in producer_conflict); a
+// consumer.Transition error when a lifecycle event contradicts its transfer
+// (nothing is written then, the claim included); a
 // consumer.Transient error when the database is unreachable or asks for a
 // retry (serialization failure, deadlock); any other error as is.
 func (in *Inbox) Apply(ctx context.Context, ev consumer.Event) (consumer.Result, error) {
@@ -42,7 +44,7 @@ func (in *Inbox) Apply(ctx context.Context, ev consumer.Event) (consumer.Result,
 		case err != nil:
 			return err
 		case claimed:
-			return applyTransferCreated(ctx, tx, ev.Transfer)
+			return applyEvent(ctx, tx, ev)
 		case bytes.Equal(stored, ev.Fingerprint):
 			res.Duplicate = true
 			return nil
@@ -90,27 +92,4 @@ func claim(ctx context.Context, tx *sqlx.Tx, ev consumer.Event) (bool, []byte, e
 		return false, nil, fmt.Errorf("read claimed event: %w", err)
 	}
 	return false, stored, nil
-}
-
-// applyTransferCreated moves the amount between the two accounts, creating an
-// account on first sight. Both rows are written by one statement whose rows
-// are in account order, so two transactions touching the same pair of
-// accounts lock them in the same order and cannot deadlock each other.
-func applyTransferCreated(ctx context.Context, tx *sqlx.Tx, t consumer.Transfer) error {
-	first, second := t.FromAccount, t.ToAccount
-	firstDelta, secondDelta := -t.AmountMinor, t.AmountMinor
-	if second < first {
-		first, second = second, first
-		firstDelta, secondDelta = secondDelta, firstDelta
-	}
-	_, err := tx.ExecContext(ctx, `
-		INSERT INTO balance_projection AS b (account, balance_minor)
-		VALUES ($1, $2), ($3, $4)
-		ON CONFLICT (account) DO UPDATE
-		SET balance_minor = b.balance_minor + EXCLUDED.balance_minor,
-		    updated_at = now()`, first, firstDelta, second, secondDelta)
-	if err != nil {
-		return fmt.Errorf("move %d from %s to %s: %w", t.AmountMinor, t.FromAccount, t.ToAccount, err)
-	}
-	return nil
 }

@@ -287,6 +287,7 @@ func newTransfer(from, to string, amount int64) transfer {
 	return tr
 }
 
+// body is the JSON of tr; every event type carries the same data.
 func (tr transfer) body() []byte {
 	b, err := json.Marshal(tr)
 	if err != nil {

@@ -1,0 +1,167 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"transferconsumer/consumer"
+	"transferconsumer/db"
+)
+
+// transition returns a TransferCompleted or TransferFailed of tr's transfer.
+func transition(tr transfer, eventType string) transfer {
+	next := tr
+	next.EventID = newUUID()
+	next.EventType = eventType
+	return next
+}
+
+func (e *env) apply(t *testing.T, tr transfer) (consumer.Result, error) {
+	t.Helper()
+	ev, err := consumer.Decode(tr.body(), tr.EventID, tr.EventType)
+	if err != nil {
+		t.Fatalf("decode %s: %v", tr.EventType, err)
+	}
+	return db.NewInbox(e.db).Apply(context.Background(), ev)
+}
+
+func (e *env) transferState(id string) string {
+	var s string
+	e.db.Get(&s, `SELECT state FROM transfer WHERE transfer_id = $1`, id)
+	return s
+}
+
+func (e *env) pendingCount() int {
+	var n int
+	e.db.Get(&n, `SELECT count(*) FROM pending_transition`)
+	return n
+}
+
+// Every order of Created, a final transition (Completed or Failed) and a
+// duplicate (of either) ends in the same state and balances, with nothing
+// left pending: disorder is tolerated, not demanded away.
+func TestLifecycleAllOrdersEndTheSame(t *testing.T) {
+	e := newEnv(t)
+	orders := [][3]int{{0, 1, 2}, {0, 2, 1}, {1, 0, 2}, {1, 2, 0}, {2, 0, 1}, {2, 1, 0}}
+	for _, final := range []string{consumer.EventTransferCompleted, consumer.EventTransferFailed} {
+		for _, dupOf := range []string{"Created", "final"} {
+			for _, order := range orders {
+				name := fmt.Sprintf("%s/dup_of_%s/%v", final, dupOf, order)
+				t.Run(name, func(t *testing.T) {
+					from, to := "acc_f_"+newUUID()[:8], "acc_t_"+newUUID()[:8]
+					created := newTransfer(from, to, 1234)
+					last := transition(created, final)
+					dup := created
+					if dupOf == "final" {
+						dup = last
+					}
+					events := [3]transfer{created, last, dup}
+					for _, i := range order {
+						if _, err := e.apply(t, events[i]); err != nil {
+							t.Fatalf("apply %s: %v", events[i].EventType, err)
+						}
+					}
+					wantState, wantTo := "completed", int64(1234)
+					if final == consumer.EventTransferFailed {
+						wantState, wantTo = "failed", 0
+					}
+					if s := e.transferState(created.Data.TransferID); s != wantState {
+						t.Errorf("state = %q, want %q", s, wantState)
+					}
+					if b := e.balance(to); b != wantTo {
+						t.Errorf("to balance = %d, want %d", b, wantTo)
+					}
+					if b := e.balance(from); b != -wantTo {
+						t.Errorf("from balance = %d, want %d", b, -wantTo)
+					}
+					if n := e.pendingCount(); n != 0 {
+						t.Errorf("%d transitions left pending", n)
+					}
+				})
+			}
+		}
+	}
+}
+
+// Transitions that contradict the transfer are not applied and are classed
+// as invalid transitions, whether the transfer exists yet or not.
+func TestLifecycleContradictionsAreRejected(t *testing.T) {
+	e := newEnv(t)
+	isTransition := func(err error) bool {
+		return consumer.ClassOf(context.Background(), err) == consumer.ClassTransition
+	}
+
+	// completed, then failed: the failure is refused and nothing is reversed.
+	tr := newTransfer("acc_c1_"+e.name, "acc_c2_"+e.name, 50)
+	for _, ev := range []transfer{tr, transition(tr, consumer.EventTransferCompleted)} {
+		if _, err := e.apply(t, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	failed := transition(tr, consumer.EventTransferFailed)
+	if _, err := e.apply(t, failed); !isTransition(err) {
+		t.Errorf("failed after completed: %v, want an invalid transition", err)
+	}
+	if e.transferState(tr.Data.TransferID) != "completed" || e.balance(tr.Data.ToAccount) != 50 || e.inboxRows(failed.EventID) != 0 {
+		t.Error("the refused failure changed something")
+	}
+
+	// Both final transitions before the creation: the second is refused on
+	// arrival; the first is applied when the creation comes.
+	tr2 := newTransfer("acc_d1_"+e.name, "acc_d2_"+e.name, 70)
+	if _, err := e.apply(t, transition(tr2, consumer.EventTransferFailed)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.apply(t, transition(tr2, consumer.EventTransferCompleted)); !isTransition(err) {
+		t.Errorf("completed while failed is pending: %v, want an invalid transition", err)
+	}
+	if _, err := e.apply(t, tr2); err != nil {
+		t.Fatal(err)
+	}
+	if e.transferState(tr2.Data.TransferID) != "failed" || e.balance(tr2.Data.ToAccount) != 0 || e.pendingCount() != 0 {
+		t.Errorf("state %q, balance %d, pending %d; want failed, 0, 0",
+			e.transferState(tr2.Data.TransferID), e.balance(tr2.Data.ToAccount), e.pendingCount())
+	}
+
+	// A second creation of the same transfer under another eventId.
+	again := tr
+	again.EventID = newUUID()
+	if _, err := e.apply(t, again); !isTransition(err) {
+		t.Errorf("second creation: %v, want an invalid transition", err)
+	}
+	// A transition whose data does not match its transfer.
+	wrong := transition(tr2, consumer.EventTransferFailed)
+	wrong.Data.AmountMinor = 71
+	if _, err := e.apply(t, wrong); !isTransition(err) {
+		t.Errorf("mismatching amount: %v, want an invalid transition", err)
+	}
+}
+
+// Through the broker: a completion published before its creation waits and
+// is applied with it; a contradicting failure is dead-lettered with its own
+// class.
+func TestLifecycleThroughTheBroker(t *testing.T) {
+	e := newEnv(t)
+	svc := e.start(2, nil)
+	tr := newTransfer("acc_lb1_"+e.name, "acc_lb2_"+e.name, 300)
+	completed := transition(tr, consumer.EventTransferCompleted)
+	failed := transition(tr, consumer.EventTransferFailed)
+
+	e.publish(completed)
+	e.publish(tr)
+	e.publish(failed)
+	waitFor(t, 20*time.Second, "three decisions", func() bool { return svc.rec.count() == 3 })
+
+	if d := svc.rec.of(failed.EventID); len(d) != 1 || d[0].Class != consumer.ClassTransition || d[0].Action != consumer.ActionDeadLetter {
+		t.Errorf("contradicting failure: %+v, want dead-lettered as invalid-transition", d)
+	}
+	if s := e.transferState(tr.Data.TransferID); s != "completed" || e.balance(tr.Data.ToAccount) != 300 || e.pendingCount() != 0 {
+		t.Errorf("state %q, balance %d, pending %d; want completed, 300, 0", s, e.balance(tr.Data.ToAccount), e.pendingCount())
+	}
+	msgs := e.peekDLQ()
+	if len(msgs) != 1 || msgs[0].header("x-failure-class") != "invalid-transition" {
+		t.Errorf("DLQ = %+v, want the failure as invalid-transition", msgs)
+	}
+}
