@@ -66,6 +66,36 @@ func topologyCommand(cfg config, stdout io.Writer) error {
 	return nil
 }
 
+const repartitionUsage = `Usage: transferconsumer repartition --to N [--drain-timeout D]
+
+Raises the queue count from QUEUE_COUNT to N without reordering any
+account's events (adr/0004): declares and binds the new queues, then waits
+until every old queue has been seen empty. Then run the replicas with
+QUEUE_COUNT=N. Lowering the count is a manual procedure, in adr/0004.
+`
+
+func repartitionCommand(ctx context.Context, cfg config, args []string, stdout io.Writer) error {
+	fset := flag.NewFlagSet("repartition", flag.ContinueOnError)
+	fset.SetOutput(stdout)
+	fset.Usage = func() { fmt.Fprint(stdout, repartitionUsage) }
+	to := fset.Int("to", 0, "the new queue count")
+	timeout := fset.Duration("drain-timeout", 10*time.Minute, "how long to wait for the old queues")
+	if err := fset.Parse(args); err != nil {
+		return flagErr(err)
+	}
+	if *to <= cfg.QueueCount || *to > 1024 {
+		return fmt.Errorf("repartition: --to must be above QUEUE_COUNT=%d and at most 1024, got %d", cfg.QueueCount, *to)
+	}
+	conn, err := dial(cfg, "repartition")
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	return cfg.topology().Grow(ctx, conn, *to, func(msg string) { fmt.Fprintln(stdout, msg) })
+}
+
 func dial(cfg config, purpose string) (*amqp.Connection, error) {
 	conn, err := amqp.DialConfig(cfg.AMQPURL, amqp.Config{
 		Properties: amqp.Table{"connection_name": cfg.instance() + "-" + purpose},

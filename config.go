@@ -26,13 +26,15 @@ type config struct {
 	DeliveryLimit   int           `envconfig:"DELIVERY_LIMIT" default:"10" desc:"quorum x-delivery-limit: returns of a message before the broker dead-letters it (so at most N+1 deliveries)"`
 	DeclareTopology bool          `envconfig:"DECLARE_TOPOLOGY" default:"true" desc:"declare exchanges, queues and bindings on every connect"`
 	InstanceName    string        `envconfig:"INSTANCE_NAME" desc:"name in connection names, consumer tags and dead-letter headers (default HOSTNAME-PID)"`
+	ReplicaIndex    int           `envconfig:"REPLICA_INDEX" default:"0" desc:"this replica's number, 0..REPLICA_COUNT-1: it prefers queues i with i % REPLICA_COUNT == REPLICA_INDEX (honoured by RabbitMQ 4.x, adr/0004)"`
+	ReplicaCount    int           `envconfig:"REPLICA_COUNT" default:"1" desc:"how many replicas share the queues; 1 sets no consumer priorities"`
 	ShutdownTimeout time.Duration `envconfig:"SHUTDOWN_TIMEOUT" default:"30s" desc:"time the message in hand may take to finish once SIGTERM arrives"`
 	ApplyTimeout    time.Duration `envconfig:"APPLY_TIMEOUT" default:"15s" desc:"time one attempt to apply an event may take"`
 	RetryMin        time.Duration `envconfig:"RETRY_MIN" default:"100ms" desc:"first wait before retrying a transient database failure"`
 	RetryMax        time.Duration `envconfig:"RETRY_MAX" default:"10s" desc:"longest wait between retries of a transient database failure"`
 	ReconnectMin    time.Duration `envconfig:"RECONNECT_MIN" default:"500ms" desc:"first wait before reconnecting to the broker or database"`
 	ReconnectMax    time.Duration `envconfig:"RECONNECT_MAX" default:"30s" desc:"longest wait between reconnects"`
-	DBMaxConns      int           `envconfig:"DB_MAX_CONNS" default:"0" desc:"database connection pool size (0: QUEUE_COUNT+2)"`
+	DBMaxConns      int           `envconfig:"DB_MAX_CONNS" default:"0" desc:"database connection pool size (0: QUEUE_COUNT+4)"`
 	HTTPAddr        string        `envconfig:"HTTP_ADDR" default:":8080" desc:"address of /healthz, /readyz and /metrics; empty to serve none"`
 	InboxTTL        time.Duration `envconfig:"INBOX_TTL" default:"720h" desc:"how long an applied eventId is remembered (adr/0003); older rows are pruned"`
 	PruneInterval   time.Duration `envconfig:"PRUNE_INTERVAL" default:"1m" desc:"how often retention runs (one replica at a time)"`
@@ -67,6 +69,8 @@ func (c config) validate() error {
 		return bad("TOPOLOGY_PREFIX", "must be a non-empty name without spaces, got %q", c.Prefix)
 	case c.DeliveryLimit < 1:
 		return bad("DELIVERY_LIMIT", "must be at least 1, got %d", c.DeliveryLimit)
+	case c.ReplicaCount < 1 || c.ReplicaIndex < 0 || c.ReplicaIndex >= c.ReplicaCount:
+		return bad("REPLICA_INDEX/REPLICA_COUNT", "need 0 <= REPLICA_INDEX < REPLICA_COUNT, got %d and %d", c.ReplicaIndex, c.ReplicaCount)
 	case c.ShutdownTimeout <= 0:
 		return bad("SHUTDOWN_TIMEOUT", "must be positive, got %s", c.ShutdownTimeout)
 	case c.ApplyTimeout <= 0:
@@ -105,7 +109,9 @@ func (c config) dbMaxConns() int {
 	if c.DBMaxConns > 0 {
 		return c.DBMaxConns
 	}
-	return c.QueueCount + 2
+	// One per consuming queue, plus the prune job, the readiness ping and the
+	// oldest-row gauge, so that none of them makes a consumer wait.
+	return c.QueueCount + 4
 }
 
 func (c config) backoff() consumer.Backoff {
@@ -122,6 +128,8 @@ func (c config) consumerConfig(log *slog.Logger) consumer.Config {
 		Topology:        c.topology(),
 		Declare:         c.DeclareTopology,
 		Instance:        c.instance(),
+		ReplicaIndex:    c.ReplicaIndex,
+		ReplicaCount:    c.ReplicaCount,
 		ShutdownTimeout: c.ShutdownTimeout,
 		ApplyTimeout:    c.ApplyTimeout,
 		Retry:           consumer.Backoff{Min: c.RetryMin, Max: c.RetryMax},

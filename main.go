@@ -42,6 +42,7 @@ Commands:
   migrate              create or update the database schema, then exit
   topology             declare the exchanges, queues and bindings, then exit
   prune                delete inbox rows older than INBOX_TTL, then exit
+  repartition --to N   add queues up to N without reordering accounts (see repartition --help)
   dlq list [flags]     count the dead letters by class and reason, show the first ones
   dlq replay [flags]   put dead letters back on the exchange (see dlq replay --help)
   help                 print this text
@@ -57,11 +58,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usageText)
 		return printUsage(stdout)
-	case "run", "migrate", "topology", "prune", "dlq":
+	case "run", "migrate", "topology", "prune", "repartition", "dlq":
 	default:
 		return fmt.Errorf("unknown command %q (try --help)", cmd)
 	}
-	if cmd != "dlq" && len(args) > 0 {
+	if cmd != "dlq" && cmd != "repartition" && len(args) > 0 {
 		return fmt.Errorf("%s takes no arguments, got %q", cmd, args)
 	}
 
@@ -86,6 +87,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return pruneCommand(ctx, cfg, stdout)
 	case "dlq":
 		return dlqCommand(cfg, args, stdout)
+	case "repartition":
+		return repartitionCommand(ctx, cfg, args, stdout)
 	}
 	return serve(ctx, cfg, log, migrations)
 }

@@ -31,15 +31,20 @@ type Result struct {
 
 // Config configures a Service.
 type Config struct {
-	URL             string // AMQP URL, vhost included
-	Topology        Topology
-	Declare         bool          // declare the topology on every (re)connect
-	Instance        string        // connection name, consumer tags, dead-letter headers
-	ShutdownTimeout time.Duration // how long the message in hand may take once shutdown starts
-	ApplyTimeout    time.Duration // one attempt to apply an event
-	Retry           Backoff       // between attempts of a transient failure
-	Reconnect       Backoff       // between broker sessions
-	Logger          *slog.Logger
+	URL      string // AMQP URL, vhost included
+	Topology Topology
+	Declare  bool   // declare the topology on every (re)connect
+	Instance string // connection name, consumer tags, dead-letter headers
+	// ReplicaIndex of ReplicaCount: with more than one replica, each consumes
+	// the queues i with i % ReplicaCount == ReplicaIndex at a higher consumer
+	// priority, so that brokers whose single active consumer honours
+	// priorities (4.x) spread the queues over the replicas (see adr/0004).
+	ReplicaIndex, ReplicaCount int
+	ShutdownTimeout            time.Duration // how long the message in hand may take once shutdown starts
+	ApplyTimeout               time.Duration // one attempt to apply an event
+	Retry                      Backoff       // between attempts of a transient failure
+	Reconnect                  Backoff       // between broker sessions
+	Logger                     *slog.Logger
 	// Observe, when set, is called once per delivery with the decision, after
 	// the ack, reject or dead-letter was sent. Tests and metrics use it.
 	Observe func(Decision)
@@ -203,7 +208,7 @@ func (s *Service) session(stop, work context.Context) error {
 	var wg sync.WaitGroup
 	errs := make(chan error, s.cfg.Topology.Queues)
 	for i := 0; i < s.cfg.Topology.Queues; i++ {
-		w, err := s.openWorker(conn, s.cfg.Topology.Queue(i), work)
+		w, err := s.openWorker(conn, i, work)
 		if err != nil {
 			endSession()
 			wg.Wait()
@@ -234,7 +239,21 @@ func (s *Service) session(stop, work context.Context) error {
 	return result
 }
 
-func (s *Service) openWorker(conn *amqp.Connection, queue string, work context.Context) (*worker, error) {
+// ConsumerArgs returns the consume arguments for queue i: a consumer priority
+// that prefers this replica's share of the queues, when there are replicas.
+func (c Config) ConsumerArgs(i int) amqp.Table {
+	if c.ReplicaCount < 2 {
+		return nil
+	}
+	priority := 0
+	if i%c.ReplicaCount == c.ReplicaIndex {
+		priority = 10
+	}
+	return amqp.Table{"x-priority": int32(priority)}
+}
+
+func (s *Service) openWorker(conn *amqp.Connection, i int, work context.Context) (*worker, error) {
+	queue := s.cfg.Topology.Queue(i)
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, fmt.Errorf("queue %s: open channel: %w", queue, err)
@@ -262,7 +281,7 @@ func (s *Service) openWorker(conn *amqp.Connection, queue string, work context.C
 		false, // exclusive: single active consumer does this across replicas
 		false, // no-local
 		false, // no-wait
-		nil)
+		s.cfg.ConsumerArgs(i))
 	if err != nil {
 		return nil, fmt.Errorf("consume %s: %w", queue, err)
 	}

@@ -138,6 +138,7 @@ type service struct {
 	rec      *recorder
 	retries  atomic.Int64 // in-place retries of transient failures
 	retrying sync.Map     // queue name → true once it retried in place
+	onRetry  func(consumer.Retry)
 	stop     func()
 }
 
@@ -170,6 +171,9 @@ func (e *env) start(queues int, app consumer.Applier) *service {
 		ObserveRetry: func(r consumer.Retry) {
 			s.retries.Add(1)
 			s.retrying.Store(r.Queue, true)
+			if s.onRetry != nil {
+				s.onRetry(r)
+			}
 		},
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -163,5 +164,109 @@ func TestLifecycleThroughTheBroker(t *testing.T) {
 	msgs := e.peekDLQ()
 	if len(msgs) != 1 || msgs[0].header("x-failure-class") != "invalid-transition" {
 		t.Errorf("DLQ = %+v, want the failure as invalid-transition", msgs)
+	}
+}
+
+// lifecycleStream builds n transfers among accounts with the rest of their
+// lives, in publishing order: a third complete, a third fail, one transition
+// in ten is published before its creation (all on the same queue, since the
+// key is fromAccount), and about one event in ten is published twice.
+func lifecycleStream(n int, accounts []string) []transfer {
+	var out []transfer
+	for i := 0; i < n; i++ {
+		from := accounts[i%len(accounts)]
+		to := accounts[(i*7+3)%len(accounts)]
+		if to == from {
+			to = accounts[(i+1)%len(accounts)]
+		}
+		created := newTransfer(from, to, int64(1+i%997))
+		var next []transfer
+		switch i % 3 {
+		case 1:
+			next = []transfer{transition(created, consumer.EventTransferCompleted)}
+		case 2:
+			next = []transfer{transition(created, consumer.EventTransferFailed)}
+		}
+		if len(next) == 1 && i%10 == 4 {
+			out = append(out, next[0], created) // the transition first
+		} else {
+			out = append(append(out, created), next...)
+		}
+		if i%5 == 0 {
+			out = append(out, out[rand.IntN(len(out))]) // a duplicate of an earlier event
+		}
+	}
+	return out
+}
+
+// checkLifecycle asserts the end state of a stream from lifecycleStream: the
+// inbox holds exactly the unique events, every balance and transfer state is
+// what the events say, balances sum to zero, nothing is pending and the DLQ
+// is empty.
+func (e *env) checkLifecycle(events []transfer) {
+	e.t.Helper()
+	seen := map[string]bool{}
+	balance := map[string]int64{}
+	state := map[string]string{}
+	for _, ev := range events {
+		if seen[ev.EventID] {
+			continue
+		}
+		seen[ev.EventID] = true
+		id := ev.Data.TransferID
+		switch ev.EventType {
+		case consumer.EventTransferCreated:
+			balance[ev.Data.FromAccount] -= ev.Data.AmountMinor
+			balance[ev.Data.ToAccount] += ev.Data.AmountMinor
+			if state[id] == "" {
+				state[id] = "created"
+			}
+		case consumer.EventTransferCompleted:
+			state[id] = "completed"
+		case consumer.EventTransferFailed:
+			state[id] = "failed"
+			balance[ev.Data.FromAccount] += ev.Data.AmountMinor
+			balance[ev.Data.ToAccount] -= ev.Data.AmountMinor
+		}
+	}
+	if got := e.inboxCount(); got != len(seen) {
+		e.t.Errorf("inbox holds %d events, want the %d unique ones", got, len(seen))
+	}
+	var sum int64
+	bad := 0
+	for account, want := range balance {
+		got := e.balance(account)
+		sum += got
+		if got != want {
+			bad++
+			if bad <= 5 {
+				e.t.Errorf("%s = %d, want %d", account, got, want)
+			}
+		}
+	}
+	if sum != 0 {
+		e.t.Errorf("balances sum to %d, want 0", sum)
+	}
+	var states []struct {
+		ID    string `db:"transfer_id"`
+		State string `db:"state"`
+	}
+	if err := e.db.Select(&states, `SELECT transfer_id, state FROM transfer`); err != nil {
+		e.t.Fatal(err)
+	}
+	wrong := 0
+	for _, s := range states {
+		if state[s.ID] != s.State {
+			wrong++
+		}
+	}
+	if len(states) != len(state) || wrong > 0 {
+		e.t.Errorf("%d transfers recorded (want %d), %d in the wrong state", len(states), len(state), wrong)
+	}
+	if n := e.pendingCount(); n != 0 {
+		e.t.Errorf("%d transitions left pending", n)
+	}
+	if msgs := e.peekDLQ(); len(msgs) != 0 {
+		e.t.Errorf("DLQ holds %d messages, want none", len(msgs))
 	}
 }
