@@ -2,7 +2,6 @@ package consumer
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -148,27 +147,7 @@ func (w *worker) deadLetter(d amqp.Delivery, dec Decision) error {
 func (w *worker) publishConfirmed(exchange, key string, msg amqp.Publishing) error {
 	ctx, cancel := context.WithTimeout(w.work, 30*time.Second)
 	defer cancel()
-	dc, err := w.pub.PublishWithDeferredConfirmWithContext(ctx, exchange, key,
-		true,  // mandatory: an unroutable copy comes back instead of vanishing
-		false, // immediate
-		msg)
-	if err != nil {
-		return err
-	}
-	acked, err := dc.WaitContext(ctx)
-	if err != nil {
-		return err
-	}
-	// A basic.return arrives before the confirm of the same message.
-	select {
-	case r := <-w.returns:
-		return fmt.Errorf("unroutable: %d %s", r.ReplyCode, r.ReplyText)
-	default:
-	}
-	if !acked {
-		return errors.New("broker nacked the copy")
-	}
-	return nil
+	return dlq.PublishConfirmed(ctx, w.pub, w.returns, exchange, key, msg)
 }
 
 func (w *worker) log(dec Decision, sendErr error) {

@@ -147,11 +147,21 @@ func republish(ch *amqp.Channel, returns <-chan amqp.Return, prefix string, d am
 		headers[k] = v
 	}
 	headers[HeaderReplayedAt] = time.Now().UTC().Format(time.RFC3339Nano)
-	msg := publishing(d, headers)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, prefix, l.RoutingKey,
-		true,  // mandatory: an unroutable replay must not vanish
+	return PublishConfirmed(ctx, ch, returns, prefix, l.RoutingKey, publishing(d, headers))
+}
+
+// PublishConfirmed publishes msg as mandatory on ch, which must be in confirm
+// mode with returns registered for basic.return, and waits for the broker's
+// confirm. It returns nil only when the broker confirmed the message and did
+// not return it as unroutable. One message at a time per channel: a return
+// arrives before the confirm of the same message, so it is in returns by the
+// time the confirm is.
+func PublishConfirmed(ctx context.Context, ch *amqp.Channel, returns <-chan amqp.Return,
+	exchange, key string, msg amqp.Publishing) error {
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key,
+		true,  // mandatory: an unroutable message comes back instead of vanishing
 		false, // immediate
 		msg)
 	if err != nil {
@@ -162,12 +172,12 @@ func republish(ch *amqp.Channel, returns <-chan amqp.Return, prefix string, d am
 		return err
 	}
 	select {
-	case ret := <-returns:
-		return fmt.Errorf("unroutable on exchange %s: %s", prefix, ret.ReplyText)
+	case r := <-returns:
+		return fmt.Errorf("unroutable on exchange %q with key %q: %d %s", exchange, key, r.ReplyCode, r.ReplyText)
 	default:
 	}
 	if !acked {
-		return errors.New("broker nacked the replay")
+		return errors.New("broker nacked the message")
 	}
 	return nil
 }
