@@ -109,11 +109,14 @@ func dial(cfg config, purpose string) (*amqp.Connection, error) {
 const dlqUsage = `Usage:
   transferconsumer dlq list [-n N]
   transferconsumer dlq replay [--class C] [--reason TEXT] [--event-id ID] [--limit N] [--dry-run]
+                              [--include-older-than-ttl]
 
 list shows how many dead letters there are by class and reason, and the first
 N. replay publishes the matching ones back to the exchange with their original
 routing key, each removed from the DLQ only after the broker confirmed it.
-Replaying an event that was already applied changes nothing.
+Replaying an event that was already applied changes nothing, within the inbox
+retention (INBOX_TTL): letters that failed longer ago are left alone unless
+--include-older-than-ttl is given.
 `
 
 func dlqCommand(cfg config, args []string, stdout io.Writer) error {
@@ -147,8 +150,13 @@ func dlqCommand(cfg config, args []string, stdout io.Writer) error {
 		fset.StringVar(&f.EventID, "event-id", "", "only this event")
 		limit := fset.Int("limit", 0, "replay at most this many (0: all that match)")
 		dryRun := fset.Bool("dry-run", false, "show what would be replayed; change nothing")
+		old := fset.Bool("include-older-than-ttl", false,
+			"also replay letters that failed longer than INBOX_TTL ago (the inbox may no longer know them)")
 		if err := fset.Parse(args[1:]); err != nil {
 			return flagErr(err)
+		}
+		if !*old {
+			f.FailedAfter = time.Now().Add(-cfg.InboxTTL)
 		}
 		if *limit < 0 {
 			return errors.New("dlq replay: --limit must not be negative")

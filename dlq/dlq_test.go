@@ -64,3 +64,27 @@ func TestCopyKeepsTheMessageAndSaysWhy(t *testing.T) {
 		t.Errorf("headers are not a valid AMQP table: %v", err)
 	}
 }
+
+func TestFilter(t *testing.T) {
+	now := time.Now()
+	l := Letter{EventID: "e1", Class: "poison", Reason: "data.amountMinor -1 is not positive", FailedAt: now.Add(-time.Hour)}
+	tests := []struct {
+		f    Filter
+		want bool
+	}{
+		{Filter{}, true},
+		{Filter{Class: "poison"}, true},
+		{Filter{Class: "delivery_limit"}, false},
+		{Filter{Reason: "amountMinor"}, true},
+		{Filter{Reason: "currency"}, false},
+		{Filter{EventID: "e2"}, false},
+		{Filter{FailedAfter: now.Add(-2 * time.Hour)}, true},
+		{Filter{FailedAfter: now.Add(-30 * time.Minute)}, false}, // older than the retention window
+		{Filter{Class: "poison", EventID: "e1", FailedAfter: now.Add(-2 * time.Hour)}, true},
+	}
+	for i, tt := range tests {
+		if got := tt.f.Match(l); got != tt.want {
+			t.Errorf("%d: %+v.Match = %v, want %v", i, tt.f, got, tt.want)
+		}
+	}
+}

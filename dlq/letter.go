@@ -69,11 +69,16 @@ type Filter struct {
 	Class   string // exact
 	Reason  string // substring of the reason
 	EventID string // exact
+	// FailedAfter, when set, leaves out letters that failed before it. A
+	// letter older than the inbox retention may be an event that was
+	// applied and whose inbox row is gone: replaying it would apply it again.
+	FailedAfter time.Time
 }
 
 // Match reports whether l passes the filter.
 func (f Filter) Match(l Letter) bool {
 	return (f.Class == "" || f.Class == l.Class) &&
 		(f.Reason == "" || strings.Contains(l.Reason, f.Reason)) &&
-		(f.EventID == "" || f.EventID == l.EventID)
+		(f.EventID == "" || f.EventID == l.EventID) &&
+		(f.FailedAfter.IsZero() || l.FailedAt.IsZero() || l.FailedAt.After(f.FailedAfter))
 }
