@@ -15,14 +15,25 @@ import (
 	"transferconsumer/consumer"
 )
 
+// transitionCode is the SQLSTATE apply_event raises for a lifecycle event
+// that contradicts its transfer (sql/0004_apply_event.sql).
+const transitionCode = "TC001"
+
 // translate puts a driver error into the project's failure classes, once,
-// here. Transient: the database cannot be reached or asks for a retry.
-// Everything else is returned as is, which the consumer treats as unknown.
+// here. Transition: apply_event refused a contradicting lifecycle event.
+// Transient: the database cannot be reached or asks for a retry. Everything
+// else is returned as is, which the consumer treats as unknown.
 func translate(err error) error {
-	if err == nil || !isTransient(err) {
-		return err
+	var pqErr *pq.Error
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &pqErr) && pqErr.Code == transitionCode:
+		return consumer.Transition(errors.New(pqErr.Message))
+	case isTransient(err):
+		return consumer.Transient(err)
 	}
-	return consumer.Transient(err)
+	return err
 }
 
 func isTransient(err error) bool {
