@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -17,9 +18,9 @@ import (
 )
 
 // serveHTTP serves /healthz (the process is alive), /readyz (broker
-// connected, every queue consumed, database answering) and /metrics on ln
-// until ctx ends.
-func serveHTTP(ctx context.Context, ln net.Listener, svc *consumer.Service, database *sqlx.DB, m *metrics, log *slog.Logger) {
+// connected, every queue consumed, database answering), /metrics and, when
+// asked, /debug/pprof on ln until ctx ends.
+func serveHTTP(ctx context.Context, ln net.Listener, svc *consumer.Service, database *sqlx.DB, m *metrics, pprofOn bool, log *slog.Logger) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
@@ -45,6 +46,11 @@ func serveHTTP(ctx context.Context, ln net.Listener, svc *consumer.Service, data
 		_ = json.NewEncoder(w).Encode(body)
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(m.registry, promhttp.HandlerOpts{}))
+	if pprofOn {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {

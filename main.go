@@ -132,7 +132,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, migrations fs.FS) 
 	defer stopJobs()
 	if ln != nil {
 		wg.Add(1)
-		go func() { defer wg.Done(); serveHTTP(jobs, ln, svc, database, m, log) }()
+		go func() { defer wg.Done(); serveHTTP(jobs, ln, svc, database, m, cfg.Pprof, log) }()
 	}
 	wg.Add(1)
 	go func() { defer wg.Done(); pruneLoop(jobs, database, cfg, m, log) }()
