@@ -1,0 +1,137 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+)
+
+func find(results []result, subject string, queues int) (result, bool) {
+	for _, r := range results {
+		if r.Subject == subject && r.Queues == queues {
+			return r, true
+		}
+	}
+	return result{}, false
+}
+
+// printTable prints every measurement, then the ratios the targets are
+// about, each taken from the same run.
+func printTable(w io.Writer, results []result) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "subject\tqueues\tevents/s\tp50 ms\tp99 ms\tCPU s/1k consumer\tbroker\tdatabase\tconsumer share\tpeak RSS MiB\t")
+	for _, r := range results {
+		total := r.CPUConsumer + r.CPUBroker + r.CPUDatabase
+		share := 0.0
+		if total > 0 {
+			share = 100 * r.CPUConsumer / total
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.0f\t%.2f\t%.2f\t%.3f\t%.3f\t%.3f\t%.0f%%\t%.1f\t\n", r.Subject, r.Queues, r.EventsPerSec,
+			r.P50ms, r.P99ms, r.CPUConsumer, r.CPUBroker, r.CPUDatabase, share, r.PeakRSSMiB)
+	}
+	tw.Flush()
+
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "queues\tservice/peer (≥1.00)\tservice/bare (≥0.95)\tCPU per event service/bare (≤1.10)\t")
+	for _, q := range queueCounts(results) {
+		s, ok := find(results, "service", q)
+		if !ok {
+			continue
+		}
+		ratio := func(subject string, f func(result) float64) string {
+			o, ok := find(results, subject, q)
+			if !ok || f(o) == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.2f", f(s)/f(o))
+		}
+		rate := func(r result) float64 { return r.EventsPerSec }
+		cpu := func(r result) float64 { return r.CPUConsumer }
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t\n", q, ratio("peer", rate), ratio("bare", rate), ratio("bare", cpu))
+	}
+	tw.Flush()
+}
+
+func queueCounts(results []result) []int {
+	seen := map[int]bool{}
+	var qs []int
+	for _, r := range results {
+		if !seen[r.Queues] {
+			seen[r.Queues] = true
+			qs = append(qs, r.Queues)
+		}
+	}
+	sort.Ints(qs)
+	return qs
+}
+
+func writeJSON(path string, results []result) error {
+	b, err := json.MarshalIndent(results, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+// writeSVG plots events/s against queue count for the service, the peer and
+// the bare loop (and the limits when measured).
+func writeSVG(path string, results []result) error {
+	const w, h, left, bottom, top, right = 640, 400, 70, 50, 30, 150
+	qs := queueCounts(results)
+	maxRate := 1.0
+	for _, r := range results {
+		maxRate = max(maxRate, r.EventsPerSec)
+	}
+	x := func(i int) float64 {
+		if len(qs) == 1 {
+			return left
+		}
+		return left + float64(i)*float64(w-left-right)/float64(len(qs)-1)
+	}
+	y := func(v float64) float64 { return float64(h-bottom) - v/maxRate*float64(h-bottom-top) }
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", w, h)
+	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	fmt.Fprintf(&b, `<text x="%d" y="18" font-size="14">events/s against queue count (same run, same machine)</text>`+"\n", left)
+	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>`+"\n", left, h-bottom, w-right, h-bottom)
+	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>`+"\n", left, top, left, h-bottom)
+	for i, q := range qs {
+		fmt.Fprintf(&b, `<text x="%.0f" y="%d" text-anchor="middle">%d</text>`+"\n", x(i), h-bottom+18, q)
+	}
+	fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="middle">queues</text>`+"\n", (left+w-right)/2, h-10)
+	for k := 0; k <= 4; k++ {
+		v := maxRate * float64(k) / 4
+		fmt.Fprintf(&b, `<text x="%d" y="%.0f" text-anchor="end">%.0f</text>`+"\n", left-6, y(v)+4, v)
+		fmt.Fprintf(&b, `<line x1="%d" y1="%.0f" x2="%d" y2="%.0f" stroke="#ddd"/>`+"\n", left, y(v), w-right, y(v))
+	}
+	colors := map[string]string{"service": "#d62728", "peer": "#1f77b4", "bare": "#2ca02c", "dbonly": "#999999", "ackonly": "#bbbbbb"}
+	legend := 0
+	for _, subject := range []string{"service", "peer", "bare", "dbonly", "ackonly"} {
+		var pts []string
+		for i, q := range qs {
+			if r, ok := find(results, subject, q); ok {
+				pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(i), y(r.EventsPerSec)))
+				fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>`+"\n", x(i), y(r.EventsPerSec), colors[subject])
+			}
+		}
+		if len(pts) == 0 {
+			continue
+		}
+		dash := ""
+		if subject == "dbonly" || subject == "ackonly" {
+			dash = ` stroke-dasharray="4 3"`
+		}
+		fmt.Fprintf(&b, `<polyline points="%s" fill="none" stroke="%s" stroke-width="2"%s/>`+"\n", strings.Join(pts, " "), colors[subject], dash)
+		ly := top + 10 + legend*18
+		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2"%s/>`+"\n", w-right+10, ly, w-right+30, ly, colors[subject], dash)
+		fmt.Fprintf(&b, `<text x="%d" y="%d">%s</text>`+"\n", w-right+36, ly+4, subject)
+		legend++
+	}
+	b.WriteString("</svg>\n")
+	return os.WriteFile(path, []byte(b.String()), 0o644)
+}

@@ -1,0 +1,95 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// event is a TransferCreated of the contract's shape.
+type event struct {
+	EventID    string `json:"eventId"`
+	EventType  string `json:"eventType"`
+	OccurredAt string `json:"occurredAt"`
+	Data       struct {
+		TransferID  string `json:"transferId"`
+		FromAccount string `json:"fromAccount"`
+		ToAccount   string `json:"toAccount"`
+		AmountMinor int64  `json:"amountMinor"`
+		Currency    string `json:"currency"`
+	} `json:"data"`
+}
+
+// backlog returns n TransferCreated events over accounts accounts, the same
+// for every subject of a run (a fixed seed).
+func backlog(n, accounts int, seed uint64) []event {
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	uuid := func() string {
+		b := make([]byte, 16)
+		for i := range b {
+			b[i] = byte(r.Uint32())
+		}
+		b[6] = b[6]&0x0f | 0x40
+		b[8] = b[8]&0x3f | 0x80
+		return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+	}
+	out := make([]event, n)
+	for i := range out {
+		e := &out[i]
+		e.EventID, e.EventType = uuid(), "TransferCreated"
+		e.OccurredAt = time.Date(2026, 7, 10, 12, 0, 0, 0, time.UTC).Add(time.Duration(i) * time.Millisecond).Format(time.RFC3339Nano)
+		e.Data.TransferID = uuid()
+		from := r.IntN(accounts)
+		to := r.IntN(accounts - 1)
+		if to >= from {
+			to++
+		}
+		e.Data.FromAccount, e.Data.ToAccount = fmt.Sprintf("acc_%05d", from), fmt.Sprintf("acc_%05d", to)
+		e.Data.AmountMinor = int64(1 + r.IntN(100_000))
+		e.Data.Currency = "EUR"
+	}
+	return out
+}
+
+// txApplier runs the service's transaction for an event: BEGIN, the
+// prepared call of apply_event (sql/0004_apply_event.sql: the inbox claim
+// first, the transfer lock, the transfer row, both balances in account order,
+// a waiting transition), COMMIT. The peer and the bare loop run exactly this,
+// so that the comparison measures the consumers, not different SQL; like the
+// service they decode the body and fingerprint it first.
+type txApplier struct {
+	db   *sql.DB
+	stmt *sql.Stmt
+}
+
+func newTxApplier(db *sql.DB) *txApplier {
+	stmt, err := db.Prepare(`SELECT apply_event($1, $2, $3, $4, $5, $6, $7, $8)`)
+	if err != nil {
+		fail(err)
+	}
+	return &txApplier{db: db, stmt: stmt}
+}
+
+func (a *txApplier) apply(ctx context.Context, body []byte) error {
+	var e event
+	if err := json.Unmarshal(body, &e); err != nil {
+		return err
+	}
+	sum := sha256.Sum256(body)
+	tx, err := a.db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	d := e.Data
+	var outcome string
+	if err := tx.StmtContext(ctx, a.stmt).QueryRowContext(ctx, e.EventID, e.EventType, sum[:],
+		d.TransferID, d.FromAccount, d.ToAccount, d.AmountMinor, d.Currency).Scan(&outcome); err != nil {
+		return err
+	}
+	return tx.Commit()
+}
