@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -65,10 +64,31 @@ type wireData struct {
 	Currency    string          `json:"currency"`
 }
 
-var (
-	uuidPattern     = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
-	currencyPattern = regexp.MustCompile(`^[A-Z]{3}$`)
-)
+// isUUID reports whether s is a UUID in its 8-4-4-4-12 hexadecimal form.
+func isUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// isCurrency reports whether s is three upper-case ASCII letters.
+func isCurrency(s string) bool {
+	return len(s) == 3 && 'A' <= s[0] && s[0] <= 'Z' && 'A' <= s[1] && s[1] <= 'Z' && 'A' <= s[2] && s[2] <= 'Z'
+}
 
 // Decode parses and validates a message body. messageID and msgType are the
 // AMQP properties; when the producer sets them they must agree with the body,
@@ -94,7 +114,7 @@ func decode(body []byte, messageID, msgType string) (Event, error) {
 		}
 		return Event{}, fmt.Errorf("body is not a JSON event: %w", err)
 	}
-	if !uuidPattern.MatchString(w.EventID) {
+	if !isUUID(w.EventID) {
 		return Event{}, fmt.Errorf("eventId %q is not a UUID", w.EventID)
 	}
 	ev := Event{ID: strings.ToLower(w.EventID), Type: w.EventType}
@@ -125,7 +145,7 @@ func decode(body []byte, messageID, msgType string) (Event, error) {
 }
 
 func decodeTransfer(d *wireData) (Transfer, error) {
-	if !uuidPattern.MatchString(d.TransferID) {
+	if !isUUID(d.TransferID) {
 		return Transfer{}, fmt.Errorf("data.transferId %q is not a UUID", d.TransferID)
 	}
 	if err := checkAccount("data.fromAccount", d.FromAccount); err != nil {
@@ -141,7 +161,7 @@ func decodeTransfer(d *wireData) (Transfer, error) {
 	if err != nil {
 		return Transfer{}, err
 	}
-	if !currencyPattern.MatchString(d.Currency) {
+	if !isCurrency(d.Currency) {
 		return Transfer{}, fmt.Errorf("data.currency %q is not three upper-case letters", d.Currency)
 	}
 	return Transfer{
@@ -186,14 +206,16 @@ func checkAccount(field, s string) error {
 	return nil
 }
 
-// fingerprint hashes the fields that define the event, in a fixed encoding,
-// so that spacing, key order or unknown fields in the body do not matter.
+// fingerprint hashes the fields that define the event, each followed by a
+// NUL byte (which no valid field contains), so that spacing, key order or
+// unknown fields in the body do not matter.
 func fingerprint(ev Event) []byte {
-	canonical, _ := json.Marshal(struct {
-		Type       string
-		OccurredAt string
-		Transfer   Transfer
-	}{ev.Type, ev.OccurredAt.Format(time.RFC3339Nano), ev.Transfer})
-	sum := sha256.Sum256(canonical)
-	return sum[:]
+	h := sha256.New()
+	t := ev.Transfer
+	for _, f := range []string{ev.Type, ev.OccurredAt.Format(time.RFC3339Nano), t.ID, t.FromAccount, t.ToAccount,
+		strconv.FormatInt(t.AmountMinor, 10), t.Currency} {
+		h.Write([]byte(f))
+		h.Write([]byte{0})
+	}
+	return h.Sum(nil)
 }
