@@ -24,8 +24,12 @@ func TestBinaryAppliesTheContractSampleOnce(t *testing.T) {
 	// A database the service has never seen: it must create and migrate it.
 	dbName := e.name + "_bin"
 	admin := sqlx.MustOpen("postgres", shared.databaseURL)
-	defer admin.Close()
-	t.Cleanup(func() { admin.Exec("DROP DATABASE IF EXISTS " + pq.QuoteIdentifier(dbName) + " WITH (FORCE)") })
+	t.Cleanup(func() { admin.Close() }) // after the drop below: cleanups run last-in, first-out
+	t.Cleanup(func() {
+		if _, err := admin.Exec("DROP DATABASE IF EXISTS " + pq.QuoteIdentifier(dbName) + " WITH (FORCE)"); err != nil {
+			t.Errorf("drop %s: %v", dbName, err)
+		}
+	})
 	du, _ := url.Parse(shared.databaseURL)
 	du.Path = "/" + dbName
 	environ := []string{
