@@ -1,7 +1,7 @@
 // Command bench measures the service against the Go peer (Watermill), a
 // bare amqp091-go + database/sql loop, and the limits of the database and
 // the broker, on the same machine, data and queues, in one run. Run it from
-// the repository root with `cd bench && go run . ` (see BENCHMARKS.md).
+// the repository root with `cd bench && go run .` (see BENCHMARKS.md).
 package main
 
 import (
