@@ -32,13 +32,13 @@ type Summary struct {
 func List(conn *amqp.Connection, prefix string, first int) (Summary, error) {
 	var s Summary
 	counts := map[[2]string]int{}
-	_, err := scan(conn, prefix, func(_ *amqp.Channel, d amqp.Delivery, l Letter) (bool, error) {
+	_, err := scan(conn, prefix, func(_ *amqp.Channel, d amqp.Delivery, l Letter) (bool, bool, error) {
 		s.Total++
 		counts[[2]string{l.Class, l.Reason}]++
 		if len(s.Letters) < first {
 			s.Letters = append(s.Letters, l)
 		}
-		return true, nil
+		return true, false, nil
 	})
 	for k, n := range counts {
 		s.Groups = append(s.Groups, Group{Class: k[0], Reason: k[1], Count: n})
@@ -67,26 +67,26 @@ type ReplayReport struct {
 func Replay(conn *amqp.Connection, prefix string, f Filter, limit int, dryRun bool) (ReplayReport, error) {
 	var r ReplayReport
 	var returns chan amqp.Return
-	scanned, err := scan(conn, prefix, func(ch *amqp.Channel, d amqp.Delivery, l Letter) (bool, error) {
+	scanned, err := scan(conn, prefix, func(ch *amqp.Channel, d amqp.Delivery, l Letter) (bool, bool, error) {
 		if !f.Match(l) {
-			return true, nil
+			return true, false, nil
 		}
 		if !dryRun {
 			if returns == nil {
 				if err := ch.Confirm(false); err != nil {
-					return false, fmt.Errorf("confirm mode: %w", err)
+					return false, false, fmt.Errorf("confirm mode: %w", err)
 				}
 				returns = ch.NotifyReturn(make(chan amqp.Return, 1))
 			}
 			if err := republish(ch, returns, prefix, d, l); err != nil {
-				return false, fmt.Errorf("replay event %s: %w", l.EventID, err)
+				return false, false, fmt.Errorf("replay event %s: %w", l.EventID, err)
 			}
 			if err := d.Ack(false); err != nil {
-				return false, fmt.Errorf("remove replayed event %s from the DLQ: %w", l.EventID, err)
+				return false, false, fmt.Errorf("remove replayed event %s from the DLQ: %w", l.EventID, err)
 			}
 		}
 		r.Replayed = append(r.Replayed, l)
-		return limit == 0 || len(r.Replayed) < limit, nil
+		return limit == 0 || len(r.Replayed) < limit, !dryRun, nil
 	})
 	r.Scanned = scanned
 	return r, err
@@ -94,10 +94,13 @@ func Replay(conn *amqp.Connection, prefix string, f Filter, limit int, dryRun bo
 
 // scan gets the DLQ's messages one by one on its own channel, holding each
 // unacknowledged (so the next get returns the next message), and calls visit
-// until it returns false or the queue has no more. visit may ack a message;
-// every message it did not ack is returned to the DLQ at the end.
+// until it says there is no more to do or the queue has no more. visit may
+// ack a message and says so; every message it did not ack is returned to the
+// DLQ at the end, with one nack of the highest delivery tag still held (a
+// multiple nack naming a tag already acked would be refused and close the
+// channel).
 func scan(conn *amqp.Connection, prefix string,
-	visit func(*amqp.Channel, amqp.Delivery, Letter) (bool, error)) (int, error) {
+	visit func(*amqp.Channel, amqp.Delivery, Letter) (more, acked bool, err error)) (int, error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return 0, fmt.Errorf("open channel: %w", err)
@@ -105,7 +108,7 @@ func scan(conn *amqp.Connection, prefix string,
 	defer ch.Close() // returns anything still held, should the nack below fail
 	queue := Queue(prefix)
 	n := 0
-	var last uint64
+	var held uint64 // the highest delivery tag not acked
 	var visitErr error
 	for {
 		d, ok, err := ch.Get(queue, false)
@@ -116,8 +119,10 @@ func scan(conn *amqp.Connection, prefix string,
 			break
 		}
 		n++
-		last = d.DeliveryTag
-		more, err := visit(ch, d, Describe(d))
+		more, acked, err := visit(ch, d, Describe(d))
+		if !acked {
+			held = d.DeliveryTag
+		}
 		if err != nil {
 			visitErr = err
 			break
@@ -126,8 +131,8 @@ func scan(conn *amqp.Connection, prefix string,
 			break
 		}
 	}
-	if last > 0 {
-		if err := ch.Nack(last, true, true); err != nil { // multiple, requeue
+	if held > 0 {
+		if err := ch.Nack(held, true, true); err != nil { // multiple, requeue
 			return n, errors.Join(visitErr, fmt.Errorf("return unreplayed letters to %s: %w", queue, err))
 		}
 	}
