@@ -74,6 +74,23 @@ func summarize(d []time.Duration) summary {
 	return summary{Events: len(d), P50ms: ms(d[len(d)/2]), P99ms: ms(d[len(d)*99/100])}
 }
 
+// consume opens a channel for queue i with prefetch 1 and manual acks, as
+// the service does, and returns its deliveries.
+func consume(conn *amqp.Connection, i int) <-chan amqp.Delivery {
+	ch, err := conn.Channel()
+	if err != nil {
+		fail(err)
+	}
+	if err := ch.Qos(1, 0, false); err != nil {
+		fail(err)
+	}
+	deliveries, err := ch.Consume(queueName(i), "", false, false, false, false, nil)
+	if err != nil {
+		fail(err)
+	}
+	return deliveries
+}
+
 func openDB(url string, conns int) *sql.DB {
 	db, err := sql.Open("postgres", url)
 	if err != nil {
@@ -107,17 +124,7 @@ func runBare() {
 	lat := &latencies{}
 	var wg sync.WaitGroup
 	for i := 0; i < env.queues; i++ {
-		ch, err := conn.Channel()
-		if err != nil {
-			fail(err)
-		}
-		if err := ch.Qos(1, 0, false); err != nil {
-			fail(err)
-		}
-		deliveries, err := ch.Consume(queueName(i), "", false, false, false, false, nil)
-		if err != nil {
-			fail(err)
-		}
+		deliveries := consume(conn, i)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -242,17 +249,7 @@ func runAckOnly() {
 	var once sync.Once
 	lat := &latencies{}
 	for i := 0; i < env.queues; i++ {
-		ch, err := conn.Channel()
-		if err != nil {
-			fail(err)
-		}
-		if err := ch.Qos(1, 0, false); err != nil {
-			fail(err)
-		}
-		deliveries, err := ch.Consume(queueName(i), "", false, false, false, false, nil)
-		if err != nil {
-			fail(err)
-		}
+		deliveries := consume(conn, i)
 		go func() {
 			for d := range deliveries {
 				start := time.Now()
