@@ -157,16 +157,21 @@ func parseLevel(s string) (slog.Level, error) {
 	return l, err
 }
 
-func newLogger(c config, w io.Writer) (*slog.Logger, error) {
+// newLogger returns the service's logger, writing to w through a logSink:
+// info and debug lines at most 100 ms late, warnings and errors at once.
+// The returned function writes what is held; call it before exiting.
+func newLogger(c config, w io.Writer) (*slog.Logger, func() error, error) {
 	level, err := parseLevel(c.LogLevel)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	sink := newLogSink(w, 100*time.Millisecond, 64<<10)
 	opts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler = slog.NewJSONHandler(sink, opts)
 	if c.LogFormat == "text" {
-		return slog.New(slog.NewTextHandler(w, opts)), nil
+		h = slog.NewTextHandler(sink, opts)
 	}
-	return slog.New(slog.NewJSONHandler(w, opts)), nil
+	return slog.New(flushAbove{h, slog.LevelWarn, sink}), sink.Close, nil
 }
 
 // redact hides the password of a URL, so no log line or error carries it.

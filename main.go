@@ -70,10 +70,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	log, err := newLogger(cfg, stderr)
+	log, closeLog, err := newLogger(cfg, stderr)
 	if err != nil {
 		return err
 	}
+	defer closeLog()
 	migrations, err := fs.Sub(embedded, "sql")
 	if err != nil {
 		return err
