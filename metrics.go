@@ -22,6 +22,11 @@ type metrics struct {
 	retries   prometheus.Counter
 	conflicts prometheus.Counter
 	pruned    prometheus.Counter
+
+	// The series of the two common outcomes, resolved once rather than
+	// looked up by label for every event.
+	applied, duplicate               prometheus.Counter
+	appliedLatency, duplicateLatency prometheus.Observer
 }
 
 func newMetrics(svc *consumer.Service, database *sqlx.DB) *metrics {
@@ -55,6 +60,8 @@ func newMetrics(svc *consumer.Service, database *sqlx.DB) *metrics {
 		{"dead_lettered", "poison"}, {"dead_lettered", "producer-conflict"}, {"dead_lettered", "invalid-transition"}} {
 		m.events.WithLabelValues(oc[0], oc[1])
 	}
+	m.applied, m.duplicate = m.events.WithLabelValues("applied", ""), m.events.WithLabelValues("duplicate", "")
+	m.appliedLatency, m.duplicateLatency = m.latency.WithLabelValues("applied"), m.latency.WithLabelValues("duplicate")
 	gauge := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: name, Help: help}, f)
 	}
@@ -90,6 +97,16 @@ func newMetrics(svc *consumer.Service, database *sqlx.DB) *metrics {
 
 // decided is the consumer's Observe hook.
 func (m *metrics) decided(d consumer.Decision) {
+	switch {
+	case d.Action == consumer.ActionAck && d.Class == "" && !d.Duplicate:
+		m.applied.Inc()
+		m.appliedLatency.Observe(d.Duration.Seconds())
+		return
+	case d.Action == consumer.ActionAck && d.Class == "":
+		m.duplicate.Inc()
+		m.duplicateLatency.Observe(d.Duration.Seconds())
+		return
+	}
 	outcome := "applied"
 	switch {
 	case d.Duplicate:
