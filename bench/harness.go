@@ -38,11 +38,14 @@ type result struct {
 	CPUBroker   float64 `json:"cpu_broker_per_1k"`
 	CPUDatabase float64 `json:"cpu_database_per_1k"`
 	PeakRSSMiB  float64 `json:"consumer_peak_rss_mib"`
+	// Wall-clock seconds of the whole measurement and of its set-up (vhost,
+	// database, schema, topology, publishing the backlog).
+	WallSeconds  float64 `json:"wall_seconds"`
+	SetupSeconds float64 `json:"setup_seconds"`
 }
 
 type harness struct {
-	profile                 string // where to write a CPU profile of the service, at the largest queue count
-	profileQueues           int
+	profileDir              string // where to write CPU profiles, when asked for
 	profileAddr             string
 	amqpURL, mgmtURL, dbURL string
 	events, accounts        int
@@ -65,6 +68,13 @@ func newHarness(events, accounts int) (*harness, error) {
 		dbURL:    getenv("TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"),
 		events:   events,
 		accounts: accounts,
+	}
+	if err := h.mgmt(http.MethodGet, "/api/overview", nil); err != nil {
+		return nil, fmt.Errorf("the RabbitMQ management API (TEST_MANAGEMENT_URL) does not answer: %w; "+
+			"it makes a vhost per measurement: rabbitmq-plugins enable rabbitmq_management rabbitmq_consistent_hash_exchange", err)
+	}
+	if err := pingDB(h.dbURL); err != nil {
+		return nil, fmt.Errorf("PostgreSQL (TEST_DATABASE_URL) does not answer: %w", err)
 	}
 	var err error
 	if h.tmp, err = os.MkdirTemp("", "bench-"); err != nil {
@@ -89,6 +99,15 @@ func newHarness(events, accounts int) (*harness, error) {
 
 func (h *harness) close() { os.RemoveAll(h.tmp) }
 
+func pingDB(url string) error {
+	db, err := sql.Open("postgres", url)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return db.Ping()
+}
+
 // httpAddr picks a free local port for the service's HTTP server, so that
 // the harness knows where to ask for a profile.
 func (h *harness) httpAddr() string {
@@ -101,29 +120,39 @@ func (h *harness) httpAddr() string {
 	return h.profileAddr
 }
 
-// takeProfile records 5 seconds of the service's CPU profile, once it
-// serves, into h.profile.
-func (h *harness) takeProfile() {
-	url := "http://" + h.profileAddr + "/debug/pprof/profile?seconds=5"
-	for i := 0; i < 100; i++ {
-		resp, err := http.Get(url)
+// profileService records the service's CPU profile, in 2-second pieces
+// (base-k.pprof), until stop is closed; `go tool pprof` merges the pieces.
+func (h *harness) profileService(base string, stop <-chan struct{}) {
+	for k := 0; ; k++ {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		resp, err := http.Get("http://" + h.profileAddr + "/debug/pprof/profile?seconds=2")
 		if err != nil {
-			time.Sleep(50 * time.Millisecond)
+			select { // not serving yet
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			k--
 			continue
 		}
-		defer resp.Body.Close()
-		f, err := os.Create(h.profile)
-		if err == nil {
-			io.Copy(f, resp.Body)
-			f.Close()
+		if resp.StatusCode == http.StatusOK {
+			if f, err := os.Create(fmt.Sprintf("%s-%d.pprof", base, k)); err == nil {
+				io.Copy(f, resp.Body)
+				f.Close()
+			}
 		}
-		return
+		resp.Body.Close()
 	}
 }
 
 // measure runs one subject on a fresh vhost and database.
 func (h *harness) measure(subject string, queues int) (result, error) {
 	r := result{Subject: subject, Queues: queues, Events: h.events}
+	t0 := time.Now()
 	name := "bench_" + randomHex()
 	vhostURL, dbURL, cleanup, err := h.prepare(name, queues)
 	defer cleanup()
@@ -135,6 +164,10 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 			return r, fmt.Errorf("publish the backlog: %w", err)
 		}
 	}
+	if err := h.settle(); err != nil {
+		return r, err
+	}
+	r.SetupSeconds = time.Since(t0).Seconds()
 	db, err := sql.Open("postgres", dbURL)
 	if err != nil {
 		return r, err
@@ -142,6 +175,7 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 	defer db.Close()
 
 	var cmd *exec.Cmd
+	profileBase := filepath.Join(h.profileDir, fmt.Sprintf("%s-q%d", subject, queues))
 	env := append(os.Environ(), "BENCH_AMQP_URL="+vhostURL, "BENCH_DATABASE_URL="+dbURL,
 		fmt.Sprintf("BENCH_QUEUES=%d", queues), fmt.Sprintf("BENCH_EVENTS=%d", h.events),
 		fmt.Sprintf("BENCH_ACCOUNTS=%d", h.accounts))
@@ -150,17 +184,18 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 		cmd = exec.Command(h.service)
 		env = append(env, "AMQP_URL="+vhostURL, "DATABASE_URL="+dbURL, fmt.Sprintf("QUEUE_COUNT=%d", queues),
 			"HTTP_ADDR="+h.httpAddr(), "INSTANCE_NAME="+name)
-		if h.profile != "" && queues == h.profileQueues {
+		if h.profileDir != "" {
 			env = append(env, "PPROF=true")
 		}
 	case "peer", "bare", "dbonly", "ackonly":
 		cmd = exec.Command(h.self, subject)
+		if h.profileDir != "" {
+			env = append(env, "BENCH_CPUPROFILE="+profileBase+".pprof")
+		}
 	default:
 		return r, fmt.Errorf("unknown subject %q", subject)
 	}
 	cmd.Env = env
-	var stdout bytes.Buffer
-	cmd.Stdout = &stdout
 	// The subject's log goes to a file and is read after the run, so that
 	// the harness takes no CPU from the subject while it is measured.
 	logPath := filepath.Join(h.tmp, name+".log")
@@ -170,67 +205,111 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 	}
 	defer logFile.Close()
 	cmd.Stderr = logFile
-
-	before := snapshotCPU()
-	start := time.Now()
+	// ackonly says "first" on stdout when it acks its first event; every
+	// subject but the service prints its latency summary there at the end.
+	stdoutPipe, err := cmd.StdoutPipe()
+	if err != nil {
+		return r, err
+	}
 	if err := cmd.Start(); err != nil {
 		return r, err
 	}
+	pid := cmd.Process.Pid
+	firstAck := make(chan struct{})
+	var stdout bytes.Buffer
 	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	if subject == "service" && h.profile != "" && queues == h.profileQueues {
-		go h.takeProfile()
+	go func() {
+		sc := bufio.NewScanner(stdoutPipe)
+		for sc.Scan() {
+			if sc.Text() == "first" {
+				close(firstAck)
+				continue
+			}
+			stdout.Write(sc.Bytes())
+		}
+		exited <- cmd.Wait() // only once stdout is read to its end
+	}()
+	if subject == "service" && h.profileDir != "" {
+		stopProfile := make(chan struct{})
+		defer close(stopProfile)
+		go h.profileService(profileBase, stopProfile)
 	}
 
-	// Done when every event is in the inbox (or, without a database, when
-	// the subject has acked them all and exited).
+	// The window measured runs from the first event applied (or acked) to
+	// the last, so that the subjects' start-up (connecting, declaring,
+	// preparing) is left out of every figure alike.
 	deadline := time.Now().Add(10 * time.Minute)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
+	peakKiB := 0
+	for started := false; !started; {
+		select {
+		case err := <-exited:
+			return r, fmt.Errorf("exited before its first event: %v\n%s", err, readTail(logPath))
+		case <-firstAck:
+			started = true
+		case <-time.After(2 * time.Millisecond):
+			if subject != "ackonly" {
+				var any bool
+				if err := db.QueryRow(`SELECT EXISTS (SELECT 1 FROM processed_event)`).Scan(&any); err == nil && any {
+					started = true
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			return r, fmt.Errorf("no event handled after 10 minutes")
+		}
+	}
+	begin := takeSnapshot(pid)
+
+	// Done when every event is in the inbox (or, without a database, when
+	// the subject has acked them all and exited). The inbox is counted less
+	// often while much is left, so that counting costs the database little.
+	var end snapshot
 	var exitErr error
 	exitedEarly := false
-	peakKiB := 0
 	for done := false; !done; {
+		wait := 20 * time.Millisecond
+		if subject != "ackonly" {
+			var n int
+			if err := db.QueryRow(`SELECT count(*) FROM processed_event`).Scan(&n); err == nil {
+				if n == h.events {
+					end = takeSnapshot(pid)
+					break
+				}
+				if elapsed := time.Since(begin.at); n > 1 {
+					left := time.Duration(float64(elapsed) * float64(h.events-n) / float64(n))
+					wait = min(max(wait, left/2), time.Second)
+				}
+			}
+		}
+		peakKiB = max(peakKiB, vmHWM(pid))
 		select {
 		case exitErr = <-exited:
 			exitedEarly = true
 			done = true
-		case <-tick.C:
-			peakKiB = max(peakKiB, vmHWM(cmd.Process.Pid))
-			if subject != "ackonly" {
-				var n int
-				if err := db.QueryRow(`SELECT count(*) FROM processed_event`).Scan(&n); err == nil && n == h.events {
-					done = true
-				}
-			}
-			if time.Now().After(deadline) {
-				cmd.Process.Kill()
-				return r, fmt.Errorf("not done after 10 minutes")
-			}
+			end = takeSnapshot(0)
+		case <-time.After(wait):
+		}
+		if time.Now().After(deadline) {
+			cmd.Process.Kill()
+			return r, fmt.Errorf("not done after 10 minutes")
 		}
 	}
-	elapsed := time.Since(start)
-	after := snapshotCPU()
-	peakKiB = max(peakKiB, vmHWM(cmd.Process.Pid))
+	peakKiB = max(peakKiB, vmHWM(pid))
 	if !exitedEarly {
 		cmd.Process.Signal(syscall.SIGTERM)
 		exitErr = <-exited
 	} else if subject != "ackonly" {
-		return r, fmt.Errorf("exited before finishing: %v", exitErr)
+		return r, fmt.Errorf("exited before finishing: %v\n%s", exitErr, readTail(logPath))
 	}
 	if exitErr != nil {
-		log, _ := os.ReadFile(logPath)
-		return r, fmt.Errorf("exit: %v\n%s", exitErr, tail(log, 2000))
+		return r, fmt.Errorf("exit: %v\n%s", exitErr, readTail(logPath))
 	}
-	if subject != "ackonly" {
-		var sum int64
-		if err := db.QueryRow(`SELECT coalesce(sum(balance_minor), 0) FROM balance_projection`).Scan(&sum); err != nil || sum != 0 {
-			return r, fmt.Errorf("end state: balances sum to %d (%v)", sum, err)
-		}
+	if subject == "ackonly" { // the consumer has exited: its CPU in total
+		ru := cmd.ProcessState.SysUsage().(*syscall.Rusage)
+		end.consumer = tv(ru.Utime) + tv(ru.Stime)
 	}
 
-	r.Seconds = elapsed.Seconds()
-	r.EventsPerSec = float64(h.events) / r.Seconds
 	var s summary
 	if subject == "service" {
 		if s, err = serviceLatency(logPath); err != nil {
@@ -240,11 +319,29 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 		return r, fmt.Errorf("read %s's summary %q: %w", subject, stdout.String(), err)
 	}
 	r.P50ms, r.P99ms = s.P50ms, s.P99ms
-	ru := cmd.ProcessState.SysUsage().(*syscall.Rusage)
-	per1k := 1000 / float64(h.events)
-	r.CPUConsumer = (tv(ru.Utime) + tv(ru.Stime)) * per1k
-	r.CPUBroker = (after.broker - before.broker) * per1k
-	r.CPUDatabase = after.database.since(before.database) * per1k
+
+	// The rate: the events after the first over the time from the first to
+	// the last, by the inbox's own timestamps (the acks' for ackonly).
+	if subject == "ackonly" {
+		r.Seconds = s.LastAt.Sub(s.FirstAt).Seconds()
+	} else {
+		var sum int64
+		if err := db.QueryRow(`SELECT coalesce(sum(balance_minor), 0) FROM balance_projection`).Scan(&sum); err != nil || sum != 0 {
+			return r, fmt.Errorf("end state: balances sum to %d (%v)", sum, err)
+		}
+		if err := db.QueryRow(`SELECT extract(epoch FROM max(processed_at) - min(processed_at))::float8
+			FROM processed_event`).Scan(&r.Seconds); err != nil {
+			return r, err
+		}
+	}
+	if r.Seconds <= 0 {
+		return r, fmt.Errorf("no time measured")
+	}
+	r.EventsPerSec = float64(h.events-1) / r.Seconds
+	per1k := 1000 / float64(h.events-1)
+	r.CPUConsumer = (end.consumer - begin.consumer) * per1k
+	r.CPUBroker = (end.broker - begin.broker) * per1k
+	r.CPUDatabase = end.database.since(begin.database) * per1k
 	// Not ru_maxrss: Linux carries it over from the forking harness.
 	r.PeakRSSMiB = float64(peakKiB) / 1024
 	return r, nil
@@ -338,6 +435,36 @@ func (h *harness) prepare(name string, queues int) (string, string, func(), erro
 	return au.String(), du.String(), cleanup, nil
 }
 
+// settle makes every subject start from the same quiet machine: it
+// checkpoints PostgreSQL (so that each run pays the same full-page writes
+// after a checkpoint), then waits, up to 10 seconds, until the broker and the
+// database use less than 5% of a core over 200 ms, which lets the previous
+// run's clean-up and this run's publishing finish in the background.
+func (h *harness) settle() error {
+	admin, err := sql.Open("postgres", h.dbURL)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	if _, err := admin.Exec("CHECKPOINT"); err != nil {
+		return fmt.Errorf("checkpoint: %w", err)
+	}
+	const window = 200 * time.Millisecond
+	deadline := time.Now().Add(10 * time.Second)
+	prev := snapshotCPU()
+	for time.Now().Before(deadline) {
+		time.Sleep(window)
+		cur := snapshotCPU()
+		busy := (cur.broker - prev.broker) + cur.database.since(prev.database)
+		if busy < 0.05*window.Seconds() {
+			return nil
+		}
+		prev = cur
+	}
+	fmt.Fprintln(os.Stderr, "bench: the broker and the database did not settle within 10 s; measuring anyway")
+	return nil
+}
+
 // publish sends the backlog with publisher confirms, 1,000 outstanding at a
 // time, before any clock starts.
 func (h *harness) publish(vhostURL string) error {
@@ -409,6 +536,28 @@ func randomHex() string {
 	b := make([]byte, 4)
 	rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// snapshot is the CPU time spent so far by the consumer, the broker and the
+// database, at a moment.
+type snapshot struct {
+	at       time.Time
+	consumer float64
+	cpu
+}
+
+// takeSnapshot reads the CPU times now; consumer stays 0 without a pid.
+func takeSnapshot(pid int) snapshot {
+	s := snapshot{at: time.Now(), cpu: snapshotCPU()}
+	if pid != 0 {
+		_, s.consumer, _ = procCPU(pid)
+	}
+	return s
+}
+
+func readTail(path string) []byte {
+	b, _ := os.ReadFile(path)
+	return tail(b, 2000)
 }
 
 // cpu is the CPU time, in seconds, of the broker and of each database process.

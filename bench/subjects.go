@@ -41,28 +41,39 @@ func readSubjectEnv() subjectEnv {
 
 func queueName(i int) string { return fmt.Sprintf("transfers.%d", i) }
 
-// latencies records durations from delivery to ack.
+// latencies records durations from delivery to ack, and when the first and
+// the last were recorded.
 type latencies struct {
-	mu sync.Mutex
-	d  []time.Duration
+	mu          sync.Mutex
+	d           []time.Duration
+	first, last time.Time
 }
 
 func (l *latencies) add(d time.Duration) {
+	now := time.Now()
 	l.mu.Lock()
 	l.d = append(l.d, d)
+	if l.first.IsZero() {
+		l.first = now
+	}
+	l.last = now
 	l.mu.Unlock()
 }
 
 type summary struct {
-	Events int     `json:"events"`
-	P50ms  float64 `json:"p50_ms"`
-	P99ms  float64 `json:"p99_ms"`
+	Events  int       `json:"events"`
+	P50ms   float64   `json:"p50_ms"`
+	P99ms   float64   `json:"p99_ms"`
+	FirstAt time.Time `json:"first_at"`
+	LastAt  time.Time `json:"last_at"`
 }
 
 func (l *latencies) summary() summary {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return summarize(l.d)
+	s := summarize(l.d)
+	s.FirstAt, s.LastAt = l.first, l.last
+	return s
 }
 
 func summarize(d []time.Duration) summary {
@@ -255,7 +266,11 @@ func runAckOnly() {
 				start := time.Now()
 				_ = d.Ack(false)
 				lat.add(time.Since(start))
-				if acked.Add(1) == int64(env.events) {
+				n := acked.Add(1)
+				if n == 1 {
+					fmt.Println("first") // the harness starts its window
+				}
+				if n == int64(env.events) {
 					once.Do(func() { close(done) })
 				}
 			}
