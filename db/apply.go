@@ -2,10 +2,12 @@ package db
 
 import (
 	"context"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 
@@ -18,7 +20,8 @@ type Inbox struct {
 	db *sqlx.DB
 
 	mu    sync.Mutex
-	apply *sqlx.Stmt // prepared once, re-prepared by database/sql per connection
+	apply *sqlx.Stmt  // prepared once, re-prepared by database/sql per connection
+	pids  map[any]int // server process of each driver connection seen
 }
 
 // NewInbox returns an Inbox over db.
@@ -48,12 +51,42 @@ func (in *Inbox) Apply(ctx context.Context, ev consumer.Event) (consumer.Result,
 	if err != nil {
 		return consumer.Result{}, fmt.Errorf("apply event %s: %w", ev.ID, translate(err))
 	}
+	conn, err := in.db.Connx(ctx)
+	if err != nil {
+		return consumer.Result{}, fmt.Errorf("apply event %s: %w", ev.ID, translate(err))
+	}
+	defer conn.Close()
+	pid, err := in.backendPID(ctx, conn)
+	if err != nil {
+		return consumer.Result{}, fmt.Errorf("apply event %s: %w", ev.ID, translate(err))
+	}
+	// The statements run under a context that is never cancelled, and one
+	// callback armed on ctx cancels them on the server instead: given a
+	// cancellable context, database/sql and lib/pq start a goroutine per
+	// statement to watch it, three per event, which cost about 40 µs of CPU
+	// per event here (BENCHMARKS.md). What a cancel interrupts rolls back;
+	// the error is transient, so the event is retried in place.
+	cancelled := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(cancelled)
+		in.cancelBackend(pid)
+	})
 	t := ev.Transfer
 	var outcome string
-	err = inTx(ctx, in.db, func(tx *sqlx.Tx) error {
-		return tx.StmtxContext(ctx, stmt).QueryRowxContext(ctx,
+	quiet := context.WithoutCancel(ctx)
+	err = inTx(quiet, conn, func(tx *sqlx.Tx) error {
+		return tx.StmtxContext(quiet, stmt).QueryRowxContext(quiet,
 			ev.ID, ev.Type, ev.Fingerprint, t.ID, t.FromAccount, t.ToAccount, t.AmountMinor, t.Currency).Scan(&outcome)
 	})
+	if !stop() {
+		// The cancel was sent, and may yet reach the server after this
+		// transaction ended: the connection must not run anyone's next
+		// statement, so it is discarded rather than returned to the pool.
+		<-cancelled
+		// If the transaction committed before the cancel took effect, err
+		// is nil and the event is applied.
+		conn.Raw(func(any) error { return driver.ErrBadConn })
+	}
 	if err != nil {
 		return consumer.Result{}, fmt.Errorf("apply event %s: %w", ev.ID, translate(err))
 	}
@@ -68,6 +101,39 @@ func (in *Inbox) Apply(ctx context.Context, ev consumer.Event) (consumer.Result,
 			ev.ID, strings.TrimPrefix(outcome, "conflict:"), ev.Fingerprint))
 	}
 	return consumer.Result{}, fmt.Errorf("apply event %s: unexpected outcome %q", ev.ID, outcome)
+}
+
+// backendPID returns the server process of conn, asked once per connection
+// and kept, so that a statement on it can be cancelled from another one.
+func (in *Inbox) backendPID(ctx context.Context, conn *sqlx.Conn) (int, error) {
+	var key any
+	conn.Raw(func(dc any) error { key = dc; return nil })
+	in.mu.Lock()
+	pid, ok := in.pids[key]
+	in.mu.Unlock()
+	if ok {
+		return pid, nil
+	}
+	if err := conn.QueryRowxContext(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		return 0, fmt.Errorf("read backend pid: %w", err)
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.pids == nil || len(in.pids) >= 64+2*in.db.Stats().MaxOpenConnections {
+		// Closed connections leave their entries behind; starting over
+		// bounds the map at the cost of asking each open connection again.
+		in.pids = map[any]int{}
+	}
+	in.pids[key] = pid
+	return pid, nil
+}
+
+// cancelBackend asks the server, over another connection, to cancel what
+// pid is running; like lib/pq's own cancel request it is best effort.
+func (in *Inbox) cancelBackend(pid int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	in.db.ExecContext(ctx, `SELECT pg_cancel_backend($1)`, pid)
 }
 
 // statement prepares the apply_event call the first time it is needed. A

@@ -2,6 +2,7 @@ package db
 
 import (
 	"context"
+	"database/sql"
 	"database/sql/driver"
 	"errors"
 	"fmt"
@@ -65,7 +66,9 @@ func isTransient(err error) bool {
 
 // inTx runs fn in a transaction and commits it, or rolls it back and returns
 // fn's error joined with any rollback error.
-func inTx(ctx context.Context, db *sqlx.DB, fn func(*sqlx.Tx) error) error {
+func inTx(ctx context.Context, db interface {
+	BeginTxx(context.Context, *sql.TxOptions) (*sqlx.Tx, error)
+}, fn func(*sqlx.Tx) error) error {
 	tx, err := db.BeginTxx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)

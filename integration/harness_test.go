@@ -153,6 +153,12 @@ func (s *service) retryingQueues() int {
 // ends or stop is called.
 func (e *env) start(queues int, app consumer.Applier) *service {
 	e.t.Helper()
+	return e.startWith(queues, app, nil)
+}
+
+// startWith is start with configure applied to the consumer's settings.
+func (e *env) startWith(queues int, app consumer.Applier, configure func(*consumer.Config)) *service {
+	e.t.Helper()
 	if app == nil {
 		app = db.NewInbox(e.db)
 	}
@@ -175,6 +181,9 @@ func (e *env) start(queues int, app consumer.Applier) *service {
 				s.onRetry(r)
 			}
 		},
+	}
+	if configure != nil {
+		configure(&cfg)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

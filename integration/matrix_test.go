@@ -397,3 +397,79 @@ func TestMatrix6DatabaseConnectionKilledMidTransaction(t *testing.T) {
 		t.Errorf("DLQ holds %d messages, want none", len(msgs))
 	}
 }
+
+// APPLY_TIMEOUT bounds one attempt: a statement that waits longer (here at a
+// trigger, on an advisory lock the test owns) is cancelled on the server,
+// its transaction rolls back, and the event is retried in place on the same
+// delivery. Once the lock is free it is applied once.
+func TestApplyTimeoutCancelsTheStatementAndRetriesInPlace(t *testing.T) {
+	e := newEnv(t)
+	const lockKey = 70707
+	e.db.MustExec(fmt.Sprintf(`
+		CREATE FUNCTION hold_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			PERFORM pg_advisory_xact_lock(%d);
+			RETURN NEW;
+		END $$`, lockKey))
+	e.db.MustExec(`CREATE TRIGGER hold_claim AFTER INSERT ON processed_event
+		FOR EACH ROW EXECUTE FUNCTION hold_claim()`)
+
+	ctx := context.Background()
+	holder, err := e.db.Connx(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	if _, err := holder.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, lockKey); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var retryErrs []string
+	svc := e.startWith(1, nil, func(c *consumer.Config) {
+		c.ApplyTimeout = 300 * time.Millisecond
+		observe := c.ObserveRetry
+		c.ObserveRetry = func(r consumer.Retry) {
+			mu.Lock()
+			retryErrs = append(retryErrs, r.Err.Error())
+			mu.Unlock()
+			observe(r)
+		}
+	})
+	tr := newTransfer("acc_m_"+e.name, "acc_n_"+e.name, 3100)
+	e.publish(tr)
+
+	waitFor(t, 30*time.Second, "three attempts to time out", func() bool { return svc.retries.Load() >= 3 })
+	mu.Lock()
+	for _, msg := range retryErrs {
+		if !strings.Contains(msg, "canceling statement due to user request") {
+			t.Errorf("an attempt ended otherwise than cancelled on the server: %s", msg)
+		}
+	}
+	mu.Unlock()
+	// Each cancelled attempt let go of its backend: at most the current
+	// attempt waits on the lock.
+	var waiting int
+	e.db.Get(&waiting, `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'advisory'`)
+	if waiting > 1 {
+		t.Errorf("%d backends wait on the lock, want at most 1", waiting)
+	}
+	if _, err := holder.ExecContext(ctx, `SELECT pg_advisory_unlock($1)`, lockKey); err != nil {
+		t.Fatal(err)
+	}
+
+	waitFor(t, 30*time.Second, "the event to be decided", func() bool { return len(svc.rec.of(tr.EventID)) > 0 })
+	ds := svc.rec.of(tr.EventID)
+	if d := ds[0]; len(ds) != 1 || d.Action != consumer.ActionAck || d.Duplicate || d.Retries < 3 || d.Redelivered {
+		t.Errorf("want one decision, applied on the first delivery after at least 3 retries, got %+v", ds)
+	}
+	if n := e.inboxRows(tr.EventID); n != 1 {
+		t.Errorf("inbox rows = %d, want 1", n)
+	}
+	if got := e.balance(tr.Data.ToAccount); got != 3100 {
+		t.Errorf("balance = %d, want 3100", got)
+	}
+	if msgs := e.peekDLQ(); len(msgs) != 0 {
+		t.Errorf("DLQ holds %d messages, want none", len(msgs))
+	}
+}
