@@ -347,7 +347,7 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 	return r, nil
 }
 
-// serviceLatency reads the service's per-event log lines: duration_ms runs
+// serviceLatency reads the service's per-event log lines: duration_us runs
 // from receiving the delivery to having sent the ack.
 func serviceLatency(path string) (summary, error) {
 	f, err := os.Open(path)
@@ -360,10 +360,10 @@ func serviceLatency(path string) (summary, error) {
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	for sc.Scan() {
 		var l struct {
-			Ms *float64 `json:"duration_ms"`
+			Us *int64 `json:"duration_us"`
 		}
-		if json.Unmarshal(sc.Bytes(), &l) == nil && l.Ms != nil {
-			d = append(d, time.Duration(*l.Ms*float64(time.Millisecond)))
+		if json.Unmarshal(sc.Bytes(), &l) == nil && l.Us != nil {
+			d = append(d, time.Duration(*l.Us)*time.Microsecond)
 		}
 	}
 	return summarize(d), sc.Err()
