@@ -50,6 +50,7 @@ type harness struct {
 	amqpURL, mgmtURL, dbURL string
 	events, accounts        int
 	tmp, service, self      string
+	baseline                string // another build of the service, or ""
 	bodies                  [][]byte
 	keys                    []string
 }
@@ -61,7 +62,9 @@ func getenv(k, def string) string {
 	return def
 }
 
-func newHarness(events, accounts int) (*harness, error) {
+// newHarness builds the service from the repository; baseline, when set, is
+// another build of it, measured as the subject "baseline" to compare.
+func newHarness(events, accounts int, baseline string) (*harness, error) {
 	h := &harness{
 		amqpURL:  getenv("TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/"),
 		mgmtURL:  getenv("TEST_MANAGEMENT_URL", "http://guest:guest@127.0.0.1:15672"),
@@ -85,6 +88,11 @@ func newHarness(events, accounts int) (*harness, error) {
 	build.Dir = ".." // the service's module, the repository root
 	if out, err := build.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("build the service: %v\n%s", err, out)
+	}
+	if baseline != "" {
+		if h.baseline, err = filepath.Abs(baseline); err != nil {
+			return nil, err
+		}
 	}
 	if h.self, err = os.Executable(); err != nil {
 		return nil, err
@@ -180,8 +188,15 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 		fmt.Sprintf("BENCH_QUEUES=%d", queues), fmt.Sprintf("BENCH_EVENTS=%d", h.events),
 		fmt.Sprintf("BENCH_ACCOUNTS=%d", h.accounts))
 	switch subject {
-	case "service":
-		cmd = exec.Command(h.service)
+	case "service", "baseline":
+		bin := h.service
+		if subject == "baseline" {
+			if h.baseline == "" {
+				return r, fmt.Errorf("the baseline subject needs -baseline")
+			}
+			bin = h.baseline
+		}
+		cmd = exec.Command(bin)
 		env = append(env, "AMQP_URL="+vhostURL, "DATABASE_URL="+dbURL, fmt.Sprintf("QUEUE_COUNT=%d", queues),
 			"HTTP_ADDR="+h.httpAddr(), "INSTANCE_NAME="+name)
 		if h.profileDir != "" {
@@ -229,7 +244,7 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 		}
 		exited <- cmd.Wait() // only once stdout is read to its end
 	}()
-	if subject == "service" && h.profileDir != "" {
+	if cmd.Path != h.self && h.profileDir != "" {
 		stopProfile := make(chan struct{})
 		defer close(stopProfile)
 		go h.profileService(profileBase, stopProfile)
@@ -311,7 +326,7 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 	}
 
 	var s summary
-	if subject == "service" {
+	if subject == "service" || subject == "baseline" {
 		if s, err = serviceLatency(logPath); err != nil {
 			return r, err
 		}
@@ -360,10 +375,15 @@ func serviceLatency(path string) (summary, error) {
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	for sc.Scan() {
 		var l struct {
-			Us *int64 `json:"duration_us"`
+			Us *int64   `json:"duration_us"`
+			Ms *float64 `json:"duration_ms"` // builds before duration_us
 		}
-		if json.Unmarshal(sc.Bytes(), &l) == nil && l.Us != nil {
+		switch {
+		case json.Unmarshal(sc.Bytes(), &l) != nil:
+		case l.Us != nil:
 			d = append(d, time.Duration(*l.Us)*time.Microsecond)
+		case l.Ms != nil:
+			d = append(d, time.Duration(*l.Ms*float64(time.Millisecond)))
 		}
 	}
 	return summarize(d), sc.Err()

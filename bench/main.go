@@ -48,6 +48,8 @@ func main() {
 	queues := flag.String("queues", "1,8,32", "queue counts to measure")
 	events := flag.Int("events", 40_000, "events in each backlog")
 	subjects := flag.String("subjects", "service,peer,bare,dbonly,ackonly", "what to measure; the order turns by one at each queue count")
+	baseline := flag.String("baseline", "", "another build of the service, measured as the subject baseline (add it to -subjects)")
+	rounds := flag.Int("rounds", 1, "measure every subject this many times at each queue count; the ratios are then of medians")
 	warmup := flag.Int("warmup", 4000, "events the bare loop drains, unmeasured, before the first measurement")
 	out := flag.String("out", "bench-results.json", "machine-readable results")
 	svg := flag.String("svg", "bench-throughput.svg", "plot of events/s against queue count")
@@ -61,7 +63,7 @@ func main() {
 		}
 		qs = append(qs, q)
 	}
-	h, err := newHarness(*events, accountsFor())
+	h, err := newHarness(*events, accountsFor(), *baseline)
 	if err != nil {
 		fail(err)
 	}
@@ -81,7 +83,10 @@ func main() {
 			fail(fmt.Errorf("warm-up: %w", err))
 		}
 	}
-	list := strings.Split(*subjects, ",")
+	var list []string
+	for r := 0; r < max(*rounds, 1); r++ {
+		list = append(list, strings.Split(*subjects, ",")...)
+	}
 	var results []result
 	for i, q := range qs {
 		// No subject always goes first: the order turns at each queue count.

@@ -10,14 +10,24 @@ import (
 	"text/tabwriter"
 )
 
-func find(results []result, subject string, queues int) (result, bool) {
+// median is the median of f over the runs of subject at queues (of the two
+// middle runs, their mean), and how many runs there were.
+func median(results []result, subject string, queues int, f func(result) float64) (float64, int) {
+	var v []float64
 	for _, r := range results {
 		if r.Subject == subject && r.Queues == queues {
-			return r, true
+			v = append(v, f(r))
 		}
 	}
-	return result{}, false
+	if len(v) == 0 {
+		return 0, 0
+	}
+	sort.Float64s(v)
+	return (v[(len(v)-1)/2] + v[len(v)/2]) / 2, len(v)
 }
+
+func rate(r result) float64        { return r.EventsPerSec }
+func cpuPerEvent(r result) float64 { return r.CPUConsumer }
 
 // printTable prints every measurement, then the ratios the targets are
 // about, each taken from the same run.
@@ -37,24 +47,51 @@ func printTable(w io.Writer, results []result) {
 
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "queues\tservice/peer (≥1.00)\tservice/bare (≥0.95)\tCPU per event service/bare (≤1.10)\t")
+	fmt.Fprintln(tw, "queues\truns\tservice/peer (≥1.00)\tservice/bare (≥0.95)\tCPU per event service/bare (≤1.10)\t")
 	for _, q := range queueCounts(results) {
-		s, ok := find(results, "service", q)
-		if !ok {
+		if _, n := median(results, "service", q, rate); n == 0 {
 			continue
 		}
 		ratio := func(subject string, f func(result) float64) string {
-			o, ok := find(results, subject, q)
-			if !ok || f(o) == 0 {
-				return "-"
-			}
-			return fmt.Sprintf("%.2f", f(s)/f(o))
+			return medianRatio(results, "service", subject, q, f)
 		}
-		rate := func(r result) float64 { return r.EventsPerSec }
-		cpu := func(r result) float64 { return r.CPUConsumer }
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t\n", q, ratio("peer", rate), ratio("bare", rate), ratio("bare", cpu))
+		_, runs := median(results, "service", q, rate)
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t\n", q, runs, ratio("peer", rate), ratio("bare", rate), ratio("bare", cpuPerEvent))
 	}
 	tw.Flush()
+
+	if !hasSubject(results, "baseline") {
+		return
+	}
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "queues\tevents/s baseline/bare\tservice/bare\tCPU per event baseline/bare\tservice/bare\t")
+	for _, q := range queueCounts(results) {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t\n", q,
+			medianRatio(results, "baseline", "bare", q, rate), medianRatio(results, "service", "bare", q, rate),
+			medianRatio(results, "baseline", "bare", q, cpuPerEvent), medianRatio(results, "service", "bare", q, cpuPerEvent))
+	}
+	tw.Flush()
+}
+
+// medianRatio is a's median of f over b's at queues; with one run of each,
+// simply their ratio.
+func medianRatio(results []result, a, b string, queues int, f func(result) float64) string {
+	x, n := median(results, a, queues, f)
+	y, m := median(results, b, queues, f)
+	if n == 0 || m == 0 || y == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", x/y)
+}
+
+func hasSubject(results []result, subject string) bool {
+	for _, r := range results {
+		if r.Subject == subject {
+			return true
+		}
+	}
+	return false
 }
 
 func queueCounts(results []result) []int {
@@ -78,8 +115,9 @@ func writeJSON(path string, results []result) error {
 	return os.WriteFile(path, append(b, '\n'), 0o644)
 }
 
-// writeSVG plots events/s against queue count for the service, the peer and
-// the bare loop (and the limits when measured).
+// writeSVG plots events/s (the median of a subject's runs) against queue
+// count for the service, the peer and the bare loop, and the limits when
+// measured.
 func writeSVG(path string, results []result) error {
 	const w, h, left, bottom, top, right = 640, 400, 70, 50, 30, 150
 	qs := queueCounts(results)
@@ -114,9 +152,9 @@ func writeSVG(path string, results []result) error {
 	for _, subject := range []string{"service", "peer", "bare", "dbonly", "ackonly"} {
 		var pts []string
 		for i, q := range qs {
-			if r, ok := find(results, subject, q); ok {
-				pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(i), y(r.EventsPerSec)))
-				fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>`+"\n", x(i), y(r.EventsPerSec), colors[subject])
+			if v, n := median(results, subject, q, rate); n > 0 {
+				pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(i), y(v)))
+				fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3" fill="%s"/>`+"\n", x(i), y(v), colors[subject])
 			}
 		}
 		if len(pts) == 0 {
