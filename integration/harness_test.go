@@ -138,7 +138,6 @@ type service struct {
 	rec      *recorder
 	retries  atomic.Int64 // in-place retries of transient failures
 	retrying sync.Map     // queue name → true once it retried in place
-	onRetry  func(consumer.Retry)
 	stop     func()
 }
 
@@ -177,9 +176,6 @@ func (e *env) startWith(queues int, app consumer.Applier, configure func(*consum
 		ObserveRetry: func(r consumer.Retry) {
 			s.retries.Add(1)
 			s.retrying.Store(r.Queue, true)
-			if s.onRetry != nil {
-				s.onRetry(r)
-			}
 		},
 	}
 	if configure != nil {

@@ -33,14 +33,17 @@ func TestHotAccountsNeverDeadlock(t *testing.T) {
 	events := lifecycleStream(2000, accountNames(10, e.name))
 	var mu sync.Mutex
 	var contention []string
-	svc := e.start(8, nil)
-	svc.onRetry = func(r consumer.Retry) {
-		if s := r.Err.Error(); strings.Contains(s, "deadlock") || strings.Contains(s, "serializ") {
-			mu.Lock()
-			contention = append(contention, s)
-			mu.Unlock()
+	svc := e.startWith(8, nil, func(c *consumer.Config) {
+		observe := c.ObserveRetry
+		c.ObserveRetry = func(r consumer.Retry) {
+			if s := r.Err.Error(); strings.Contains(s, "deadlock") || strings.Contains(s, "serializ") {
+				mu.Lock()
+				contention = append(contention, s)
+				mu.Unlock()
+			}
+			observe(r)
 		}
-	}
+	})
 	var published atomic.Int64
 	if err := e.publishPipelined(events, &published); err != nil {
 		t.Fatal(err)
