@@ -331,34 +331,7 @@ func TestMatrix5ConcurrentDuplicates(t *testing.T) {
 // lost nor dead-lettered, and applied once.
 func TestMatrix6DatabaseConnectionKilledMidTransaction(t *testing.T) {
 	e := newEnv(t)
-	const lockKey = 60606
-	e.db.MustExec(fmt.Sprintf(`
-		CREATE FUNCTION hold_claim() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			PERFORM pg_advisory_xact_lock(%d);
-			RETURN NEW;
-		END $$`, lockKey))
-	e.db.MustExec(`CREATE TRIGGER hold_claim AFTER INSERT ON processed_event
-		FOR EACH ROW EXECUTE FUNCTION hold_claim()`)
-
-	ctx := context.Background()
-	holder, err := e.db.Connx(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close()
-	if _, err := holder.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, lockKey); err != nil {
-		t.Fatal(err)
-	}
-	released := false
-	release := func() {
-		if !released {
-			if _, err := holder.ExecContext(ctx, `SELECT pg_advisory_unlock($1)`, lockKey); err != nil {
-				t.Error(err)
-			}
-			released = true
-		}
-	}
+	release := e.holdClaims()
 	defer release()
 
 	svc := e.start(2, nil)
@@ -404,25 +377,8 @@ func TestMatrix6DatabaseConnectionKilledMidTransaction(t *testing.T) {
 // delivery. Once the lock is free it is applied once.
 func TestApplyTimeoutCancelsTheStatementAndRetriesInPlace(t *testing.T) {
 	e := newEnv(t)
-	const lockKey = 70707
-	e.db.MustExec(fmt.Sprintf(`
-		CREATE FUNCTION hold_claim() RETURNS trigger LANGUAGE plpgsql AS $$
-		BEGIN
-			PERFORM pg_advisory_xact_lock(%d);
-			RETURN NEW;
-		END $$`, lockKey))
-	e.db.MustExec(`CREATE TRIGGER hold_claim AFTER INSERT ON processed_event
-		FOR EACH ROW EXECUTE FUNCTION hold_claim()`)
-
-	ctx := context.Background()
-	holder, err := e.db.Connx(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer holder.Close()
-	if _, err := holder.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, lockKey); err != nil {
-		t.Fatal(err)
-	}
+	release := e.holdClaims()
+	defer release()
 	var mu sync.Mutex
 	var retryErrs []string
 	svc := e.startWith(1, nil, func(c *consumer.Config) {
@@ -454,9 +410,7 @@ func TestApplyTimeoutCancelsTheStatementAndRetriesInPlace(t *testing.T) {
 	if waiting > 1 {
 		t.Errorf("%d backends wait on the lock, want at most 1", waiting)
 	}
-	if _, err := holder.ExecContext(ctx, `SELECT pg_advisory_unlock($1)`, lockKey); err != nil {
-		t.Fatal(err)
-	}
+	release()
 
 	waitFor(t, 30*time.Second, "the event to be decided", func() bool { return len(svc.rec.of(tr.EventID)) > 0 })
 	ds := svc.rec.of(tr.EventID)
@@ -471,5 +425,39 @@ func TestApplyTimeoutCancelsTheStatementAndRetriesInPlace(t *testing.T) {
 	}
 	if msgs := e.peekDLQ(); len(msgs) != 0 {
 		t.Errorf("DLQ holds %d messages, want none", len(msgs))
+	}
+}
+
+// holdClaims makes every apply wait, right after its inbox claim, on an
+// advisory lock the test holds (a trigger on processed_event takes it),
+// until the returned release is called; calling it again does nothing.
+func (e *env) holdClaims() (release func()) {
+	e.t.Helper()
+	const lockKey = 60606
+	e.db.MustExec(fmt.Sprintf(`
+		CREATE FUNCTION hold_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			PERFORM pg_advisory_xact_lock(%d);
+			RETURN NEW;
+		END $$`, lockKey))
+	e.db.MustExec(`CREATE TRIGGER hold_claim AFTER INSERT ON processed_event
+		FOR EACH ROW EXECUTE FUNCTION hold_claim()`)
+	ctx := context.Background()
+	holder, err := e.db.Connx(ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := holder.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, lockKey); err != nil {
+		holder.Close()
+		e.t.Fatal(err)
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			if _, err := holder.ExecContext(ctx, `SELECT pg_advisory_unlock($1)`, lockKey); err != nil {
+				e.t.Error(err)
+			}
+			holder.Close()
+		})
 	}
 }
