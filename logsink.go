@@ -20,9 +20,10 @@ type logSink struct {
 	w     io.Writer
 	limit int // write at once when this many bytes are held
 
-	mu  sync.Mutex
-	buf []byte
-	err error // the first write error; later writes report it
+	mu     sync.Mutex
+	buf    []byte
+	err    error // the first write error; later writes report it
+	closed bool  // after Close, lines are written at once
 
 	stop chan struct{}
 	done chan struct{}
@@ -42,7 +43,7 @@ func (s *logSink) Write(p []byte) (int, error) {
 		return 0, s.err
 	}
 	s.buf = append(s.buf, p...)
-	if len(s.buf) >= s.limit {
+	if s.closed || len(s.buf) >= s.limit {
 		s.flushLocked()
 	}
 	return len(p), nil
@@ -78,11 +79,16 @@ func (s *logSink) flushEvery(every time.Duration) {
 	}
 }
 
-// Close stops the periodic flush and writes what is left.
+// Close stops the periodic flush and writes what is left; a line logged
+// after Close (a goroutine finishing late) is written at once.
 func (s *logSink) Close() error {
 	close(s.stop)
 	<-s.done
-	return s.Flush()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	s.flushLocked()
+	return s.err
 }
 
 // flushAbove writes the sink at once after every record at level or above,

@@ -66,6 +66,10 @@ func TestLogSinkHoldsInfoAndWritesWarningsAtOnce(t *testing.T) {
 	if _, text := w.all(); !strings.HasSuffix(text, "\"msg\":\"last\"}\n") {
 		t.Errorf("Close did not write the held line: %q", text)
 	}
+	log.Info("after close")
+	if _, text := w.all(); !strings.HasSuffix(text, "\"msg\":\"after close\"}\n") {
+		t.Errorf("a line logged after Close was held: %q", text)
+	}
 }
 
 func TestLogSinkWritesWhenFullAndOnTime(t *testing.T) {
