@@ -9,13 +9,13 @@ import (
 )
 
 // logSink batches log lines into few writes. The service logs one line per
-// message; written one by one, that is one write system call per event,
-// which the benchmark showed to be the largest piece of the service's own
-// CPU after the database and broker I/O. Lines are held at most `every`;
-// warnings and errors are written at once (see flushAbove), and Close
-// writes what is left, so only a SIGKILL can lose lines, at most the last
-// `every` of them. The data never depends on a log line: the inbox is the
-// record of what was applied.
+// message; written one by one, that is a write system call per event on
+// top of the database's and the broker's, and system calls are most of a
+// consumer's CPU (BENCHMARKS.md). Lines are held at most `every`; warnings
+// and errors are written at once (see flushAbove), and Close writes what is
+// left, so only a SIGKILL can lose lines, at most the last `every` of them.
+// The data never depends on a log line: the inbox is the record of what
+// was applied.
 type logSink struct {
 	w     io.Writer
 	limit int // write at once when this many bytes are held
