@@ -352,23 +352,7 @@ func TestMatrix6DatabaseConnectionKilledMidTransaction(t *testing.T) {
 	release()
 
 	waitFor(t, 30*time.Second, "the event to be decided", func() bool { return len(svc.rec.of(tr.EventID)) > 0 })
-	ds := svc.rec.of(tr.EventID)
-	if len(ds) != 1 {
-		t.Fatalf("want one decision, got %+v", ds)
-	}
-	d := ds[0]
-	if d.Action != consumer.ActionAck || d.Duplicate || d.Retries < 1 || d.Redelivered || d.DeliveryCount != 0 {
-		t.Errorf("want applied after in-place retries on the first delivery, got %+v", d)
-	}
-	if n := e.inboxRows(tr.EventID); n != 1 {
-		t.Errorf("inbox rows = %d, want 1", n)
-	}
-	if got := e.balance(tr.Data.ToAccount); got != 4200 {
-		t.Errorf("balance = %d, want 4200", got)
-	}
-	if msgs := e.peekDLQ(); len(msgs) != 0 {
-		t.Errorf("DLQ holds %d messages, want none", len(msgs))
-	}
+	e.checkAppliedInPlace(svc, tr, 1)
 }
 
 // APPLY_TIMEOUT bounds one attempt: a statement that waits longer (here at a
@@ -413,18 +397,29 @@ func TestApplyTimeoutCancelsTheStatementAndRetriesInPlace(t *testing.T) {
 	release()
 
 	waitFor(t, 30*time.Second, "the event to be decided", func() bool { return len(svc.rec.of(tr.EventID)) > 0 })
+	e.checkAppliedInPlace(svc, tr, 3)
+}
+
+// checkAppliedInPlace checks that tr was decided once: applied on its first
+// delivery after at least minRetries in-place retries, one inbox row, its
+// amount credited, nothing dead-lettered.
+func (e *env) checkAppliedInPlace(svc *service, tr transfer, minRetries int) {
+	e.t.Helper()
 	ds := svc.rec.of(tr.EventID)
-	if d := ds[0]; len(ds) != 1 || d.Action != consumer.ActionAck || d.Duplicate || d.Retries < 3 || d.Redelivered {
-		t.Errorf("want one decision, applied on the first delivery after at least 3 retries, got %+v", ds)
+	if len(ds) != 1 {
+		e.t.Fatalf("want one decision, got %+v", ds)
+	}
+	if d := ds[0]; d.Action != consumer.ActionAck || d.Duplicate || d.Retries < minRetries || d.Redelivered || d.DeliveryCount != 0 {
+		e.t.Errorf("want applied on the first delivery after at least %d in-place retries, got %+v", minRetries, d)
 	}
 	if n := e.inboxRows(tr.EventID); n != 1 {
-		t.Errorf("inbox rows = %d, want 1", n)
+		e.t.Errorf("inbox rows = %d, want 1", n)
 	}
-	if got := e.balance(tr.Data.ToAccount); got != 3100 {
-		t.Errorf("balance = %d, want 3100", got)
+	if got := e.balance(tr.Data.ToAccount); got != tr.Data.AmountMinor {
+		e.t.Errorf("balance = %d, want %d", got, tr.Data.AmountMinor)
 	}
 	if msgs := e.peekDLQ(); len(msgs) != 0 {
-		t.Errorf("DLQ holds %d messages, want none", len(msgs))
+		e.t.Errorf("DLQ holds %d messages, want none", len(msgs))
 	}
 }
 
