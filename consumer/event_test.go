@@ -2,6 +2,8 @@ package consumer
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"strings"
 	"testing"
 )
@@ -94,5 +96,32 @@ func TestFingerprintIgnoresLayoutButNotContent(t *testing.T) {
 	}
 	if bytes.Equal(a.Fingerprint, other.Fingerprint) {
 		t.Error("a different amount kept the fingerprint")
+	}
+}
+
+// The inbox keeps fingerprints, so a new build must compute the same bytes
+// for the same event, or a redelivery across an upgrade would be taken for
+// a producer conflict.
+func TestFingerprintIsStable(t *testing.T) {
+	ev, err := Decode([]byte(validBody), "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields := "TransferCreated\x002026-07-10T12:00:00Z\x000c8a4c0e-2d37-4c61-8f0e-1e5d2b7a9e33\x00" +
+		"acc_00001\x00acc_00002\x0010000\x00EUR\x00"
+	sum := sha256.Sum256([]byte(fields))
+	const pinned = "86f8bf7435ba0c7c9b6936465704d7fbdaf82ce87142c2e799deb7fead5f3732"
+	if got := hex.EncodeToString(ev.Fingerprint); got != pinned || hex.EncodeToString(sum[:]) != pinned {
+		t.Errorf("fingerprint %s, the fields hash to %x, pinned %s", got, sum, pinned)
+	}
+	// An account longer than the stack buffer takes the same path.
+	long := strings.Repeat("é", 64)
+	ev, err = Decode(body(`"acc_00001"`, `"`+long+`"`), "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum = sha256.Sum256([]byte(strings.Replace(fields, "acc_00001", long, 1)))
+	if !bytes.Equal(ev.Fingerprint, sum[:]) {
+		t.Errorf("long account: fingerprint %x, want %x", ev.Fingerprint, sum)
 	}
 }
