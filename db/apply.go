@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -19,9 +20,10 @@ import (
 type Inbox struct {
 	db *sqlx.DB
 
-	mu    sync.Mutex
-	apply *sqlx.Stmt  // prepared once, re-prepared by database/sql per connection
-	pids  map[any]int // server process of each driver connection seen
+	mu    sync.Mutex                // held to prepare apply and to reset pids
+	apply atomic.Pointer[sqlx.Stmt] // prepared once, re-prepared by database/sql per connection
+	pids  sync.Map                  // driver connection → its server process
+	npids atomic.Int64              // entries in pids
 }
 
 // NewInbox returns an Inbox over db.
@@ -73,9 +75,9 @@ func (in *Inbox) Apply(ctx context.Context, ev consumer.Event) (consumer.Result,
 	})
 	t := ev.Transfer
 	var outcome string
-	quiet := context.WithoutCancel(ctx)
+	quiet := context.Background()
 	err = inTx(quiet, conn, func(tx *sqlx.Tx) error {
-		return tx.StmtxContext(quiet, stmt).QueryRowxContext(quiet,
+		return tx.StmtContext(quiet, stmt.Stmt).QueryRowContext(quiet,
 			ev.ID, ev.Type, ev.Fingerprint, t.ID, t.FromAccount, t.ToAccount, t.AmountMinor, t.Currency).Scan(&outcome)
 	})
 	if !stop() {
@@ -108,23 +110,24 @@ func (in *Inbox) Apply(ctx context.Context, ev consumer.Event) (consumer.Result,
 func (in *Inbox) backendPID(ctx context.Context, conn *sqlx.Conn) (int, error) {
 	var key any
 	conn.Raw(func(dc any) error { key = dc; return nil })
-	in.mu.Lock()
-	pid, ok := in.pids[key]
-	in.mu.Unlock()
-	if ok {
-		return pid, nil
+	if pid, ok := in.pids.Load(key); ok {
+		return pid.(int), nil
 	}
+	var pid int
 	if err := conn.QueryRowxContext(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
 		return 0, fmt.Errorf("read backend pid: %w", err)
 	}
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if in.pids == nil || len(in.pids) >= 64+2*in.db.Stats().MaxOpenConnections {
+	if in.npids.Load() >= int64(64+2*in.db.Stats().MaxOpenConnections) {
 		// Closed connections leave their entries behind; starting over
 		// bounds the map at the cost of asking each open connection again.
-		in.pids = map[any]int{}
+		in.mu.Lock()
+		in.pids.Clear()
+		in.npids.Store(0)
+		in.mu.Unlock()
 	}
-	in.pids[key] = pid
+	if _, loaded := in.pids.LoadOrStore(key, pid); !loaded {
+		in.npids.Add(1)
+	}
 	return pid, nil
 }
 
@@ -139,15 +142,18 @@ func (in *Inbox) cancelBackend(pid int) {
 // statement prepares the apply_event call the first time it is needed. A
 // failure is not kept: the next event tries again.
 func (in *Inbox) statement(ctx context.Context) (*sqlx.Stmt, error) {
+	if stmt := in.apply.Load(); stmt != nil {
+		return stmt, nil
+	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if in.apply != nil {
-		return in.apply, nil
+	if stmt := in.apply.Load(); stmt != nil {
+		return stmt, nil
 	}
 	stmt, err := in.db.PreparexContext(ctx, `SELECT apply_event($1, $2, $3, $4, $5, $6, $7, $8)`)
 	if err != nil {
 		return nil, errors.Join(errors.New("prepare apply_event"), err)
 	}
-	in.apply = stmt
+	in.apply.Store(stmt)
 	return stmt, nil
 }
