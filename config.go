@@ -167,7 +167,7 @@ func newLogger(c config, w io.Writer) (*slog.Logger, func() error, error) {
 	}
 	sink := newLogSink(w, 100*time.Millisecond, 64<<10)
 	opts := &slog.HandlerOptions{Level: level}
-	var h slog.Handler = slog.NewJSONHandler(sink, opts)
+	var h slog.Handler = plainJSON{slog.NewJSONHandler(sink, opts), level, sink}
 	if c.LogFormat == "text" {
 		h = slog.NewTextHandler(sink, opts)
 	}
