@@ -68,6 +68,7 @@ func main() {
 		fail(err)
 	}
 	defer h.close()
+	onFail = h.close // fail exits without running deferred calls
 	if h.profileDir = *profiles; h.profileDir != "" {
 		if err := os.MkdirAll(h.profileDir, 0o755); err != nil {
 			fail(err)

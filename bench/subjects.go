@@ -112,8 +112,15 @@ func openDB(url string, conns int) *sql.DB {
 	return db
 }
 
+// onFail, when set, runs before fail exits: the harness removes its
+// temporary files (the service build, the subjects' logs in /dev/shm).
+var onFail func()
+
 func fail(err error) {
 	fmt.Fprintln(os.Stderr, "bench:", err)
+	if onFail != nil {
+		onFail()
+	}
 	os.Exit(1)
 }
 
