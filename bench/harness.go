@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -42,10 +43,15 @@ type result struct {
 	// database, schema, topology, publishing the backlog).
 	WallSeconds  float64 `json:"wall_seconds"`
 	SetupSeconds float64 `json:"setup_seconds"`
+	// With -callgrind: the consumer's user-space instructions per event
+	// over the window, counted by valgrind (the other figures are then of
+	// a process slowed many times over, not for comparing).
+	InstrPerEvent float64 `json:"instructions_per_event,omitempty"`
 }
 
 type harness struct {
 	profileDir              string // where to write CPU profiles, when asked for
+	callgrindDir            string // where to write callgrind counts, when asked for
 	profileAddr             string
 	amqpURL, mgmtURL, dbURL string
 	events, accounts        int
@@ -221,6 +227,14 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 	default:
 		return r, fmt.Errorf("unknown subject %q", subject)
 	}
+	cgOut := ""
+	if h.callgrindDir != "" && subject != "dbonly" && subject != "ackonly" {
+		cmd, cgOut = h.underCallgrind(cmd, subject, queues)
+		// callgrind cannot follow the preemption signal; with one P, no thread
+		// spins looking for work, which under callgrind's one-thread-at-a-time
+		// scheduling would add a varying count.
+		env = append(env, "GODEBUG=asyncpreemptoff=1", "GOMAXPROCS=1")
+	}
 	cmd.Env = env
 	// The subject's log goes to a file and is read after the run, so that
 	// the harness takes no CPU from the subject while it is measured.
@@ -285,6 +299,12 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 			return r, fmt.Errorf("no event handled after 10 minutes")
 		}
 	}
+	if cgOut != "" {
+		if err := callgrindControl("-z", pid); err != nil { // count from the first event on
+			cmd.Process.Kill()
+			return r, err
+		}
+	}
 	begin := takeSnapshot(pid)
 
 	// Done when every event is in the inbox (or, without a database, when
@@ -322,7 +342,21 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 		}
 	}
 	peakKiB = max(peakKiB, vmHWM(pid))
-	if !exitedEarly {
+	if cgOut != "" && !exitedEarly {
+		// The counts are dumped, then the process killed: callgrind does
+		// not survive the Go runtime's signal handling on SIGTERM.
+		if err := callgrindControl("-d", pid); err != nil {
+			cmd.Process.Kill()
+			return r, err
+		}
+		cmd.Process.Kill()
+		<-exited
+		ir, err := callgrindTotal(cgOut, pid)
+		if err != nil {
+			return r, err
+		}
+		r.InstrPerEvent = float64(ir) / float64(h.events-1)
+	} else if !exitedEarly {
 		cmd.Process.Signal(syscall.SIGTERM)
 		exitErr = <-exited
 	} else if subject != "ackonly" {
@@ -337,12 +371,16 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 	}
 
 	var s summary
-	if subject == "service" || subject == "baseline" {
+	switch {
+	case cgOut != "": // killed: no latency summary
+	case subject == "service" || subject == "baseline":
 		if s, err = serviceLatency(logPath); err != nil {
 			return r, err
 		}
-	} else if err := json.Unmarshal(stdout.Bytes(), &s); err != nil {
-		return r, fmt.Errorf("read %s's summary %q: %w", subject, stdout.String(), err)
+	default:
+		if err := json.Unmarshal(stdout.Bytes(), &s); err != nil {
+			return r, fmt.Errorf("read %s's summary %q: %w", subject, stdout.String(), err)
+		}
 	}
 	r.P50ms, r.P99ms = s.P50ms, s.P99ms
 
@@ -648,4 +686,45 @@ func procCPU(pid int) (string, float64, bool) {
 	stime, _ := strconv.ParseFloat(fields[12], 64)
 	const ticks = 100 // USER_HZ on Linux
 	return s[open+1 : closeIdx], (utime + stime) / ticks, true
+}
+
+// underCallgrind runs cmd under valgrind's callgrind, which counts the
+// instructions the process executes in user space: the same count for the
+// same work whatever else the machine is doing, unlike CPU time here.
+func (h *harness) underCallgrind(cmd *exec.Cmd, subject string, queues int) (*exec.Cmd, string) {
+	out := filepath.Join(h.callgrindDir, fmt.Sprintf("%s-q%d.%%p.out", subject, queues))
+	args := append([]string{"--tool=callgrind", "--callgrind-out-file=" + out}, cmd.Args...)
+	return exec.Command("valgrind", args...), out
+}
+
+func callgrindControl(flag string, pid int) error {
+	out, err := exec.Command("callgrind_control", flag, strconv.Itoa(pid)).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("callgrind_control %s: %v\n%s", flag, err, out)
+	}
+	return nil
+}
+
+// callgrindTotal reads the instruction count of the last dump of process
+// pid (a dump on request is written as <file>.<n>).
+func callgrindTotal(pattern string, pid int) (int64, error) {
+	base := strings.Replace(pattern, "%p", strconv.Itoa(pid), 1)
+	files, _ := filepath.Glob(base + ".*")
+	sort.Strings(files)
+	if len(files) == 0 {
+		return 0, fmt.Errorf("no callgrind dump at %s.*", base)
+	}
+	b, err := os.ReadFile(files[len(files)-1])
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "summary: "); ok {
+			return strconv.ParseInt(strings.TrimSpace(rest), 10, 64)
+		}
+		if rest, ok := strings.CutPrefix(line, "totals: "); ok {
+			return strconv.ParseInt(strings.TrimSpace(rest), 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("no instruction total in %s", files[len(files)-1])
 }

@@ -53,6 +53,7 @@ func main() {
 	warmup := flag.Int("warmup", 4000, "events the bare loop drains, unmeasured, before the first measurement")
 	out := flag.String("out", "bench-results.json", "machine-readable results")
 	svg := flag.String("svg", "bench-throughput.svg", "plot of events/s against queue count")
+	callgrind := flag.String("callgrind", "", "run the consumers under valgrind's callgrind and report their user-space instructions per event, writing the counts into this directory (slow; use few events)")
 	profiles := flag.String("cpuprofile", "", "write CPU profiles of every subject into this directory (slows them: not for the table)")
 	flag.Parse()
 	var qs []int
@@ -69,6 +70,11 @@ func main() {
 	}
 	defer h.close()
 	onFail = h.close // fail exits without running deferred calls
+	if h.callgrindDir = *callgrind; h.callgrindDir != "" {
+		if err := os.MkdirAll(h.callgrindDir, 0o755); err != nil {
+			fail(err)
+		}
+	}
 	if h.profileDir = *profiles; h.profileDir != "" {
 		if err := os.MkdirAll(h.profileDir, 0o755); err != nil {
 			fail(err)
@@ -78,6 +84,7 @@ func main() {
 	// in it: a short unmeasured drain takes it.
 	if *warmup > 0 {
 		w := *h
+		w.callgrindDir = "" // the warm-up is about the machine, not a count
 		w.events = min(*warmup, h.events)
 		w.bodies, w.keys = h.bodies[:w.events], h.keys[:w.events]
 		if _, err := w.measure("bare", qs[0]); err != nil {

@@ -59,6 +59,7 @@ func printTable(w io.Writer, results []result) {
 		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t\n", q, runs, ratio("peer", rate), ratio("bare", rate), ratio("bare", cpuPerEvent))
 	}
 	tw.Flush()
+	printInstructions(w, results)
 
 	if !hasSubject(results, "baseline") {
 		return
@@ -70,6 +71,52 @@ func printTable(w io.Writer, results []result) {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t\n", q,
 			medianRatio(results, "baseline", "bare", q, rate), medianRatio(results, "service", "bare", q, rate),
 			medianRatio(results, "baseline", "bare", q, cpuPerEvent), medianRatio(results, "service", "bare", q, cpuPerEvent))
+	}
+	tw.Flush()
+}
+
+func instrPerEvent(r result) float64 { return r.InstrPerEvent }
+
+// printInstructions prints, for a -callgrind run, each consumer's user-space
+// instructions per event and their ratios to the bare loop's: counts, not
+// times, so they hold from run to run on a busy machine.
+func printInstructions(w io.Writer, results []result) {
+	var subjects []string
+	for _, s := range []string{"service", "baseline", "peer", "bare"} {
+		for _, r := range results {
+			if r.Subject == s && r.InstrPerEvent > 0 {
+				subjects = append(subjects, s)
+				break
+			}
+		}
+	}
+	if len(subjects) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprint(tw, "queues\t")
+	for _, s := range subjects {
+		fmt.Fprintf(tw, "%s instr/event\t", s)
+	}
+	for _, s := range subjects {
+		if s != "bare" {
+			fmt.Fprintf(tw, "%s/bare\t", s)
+		}
+	}
+	fmt.Fprintln(tw)
+	for _, q := range queueCounts(results) {
+		fmt.Fprintf(tw, "%d\t", q)
+		for _, s := range subjects {
+			v, _ := median(results, s, q, instrPerEvent)
+			fmt.Fprintf(tw, "%.0f\t", v)
+		}
+		for _, s := range subjects {
+			if s != "bare" {
+				fmt.Fprintf(tw, "%s\t", medianRatio(results, s, "bare", q, instrPerEvent))
+			}
+		}
+		fmt.Fprintln(tw)
 	}
 	tw.Flush()
 }
