@@ -24,6 +24,22 @@ type Applier interface {
 	Apply(ctx context.Context, ev Event) (Result, error)
 }
 
+// Lanes is implemented by an Applier that can give each worker a lane of
+// its own: the worker applies all its events through it, one at a time, so
+// the lane can keep per-worker state (a database connection, a timer)
+// instead of setting it up for every event.
+type Lanes interface {
+	// Lane returns a lane that bounds each attempt by timeout itself and
+	// also ends it when the context given to Apply ends.
+	Lane(timeout time.Duration) Lane
+}
+
+// Lane applies one worker's events, one at a time.
+type Lane interface {
+	Applier
+	Close() // releases what the lane holds; it is not used again
+}
+
 // Result is what applying an event did.
 type Result struct {
 	Duplicate bool // the event had been applied before; nothing changed
@@ -219,6 +235,7 @@ func (s *Service) session(stop, work context.Context) error {
 		go func() {
 			defer wg.Done()
 			defer s.consuming.Add(-1)
+			defer w.close()
 			errs <- w.run(session)
 		}()
 	}
@@ -287,6 +304,9 @@ func (s *Service) openWorker(conn *amqp.Connection, i int, work context.Context)
 	}
 	w := &worker{svc: s, queue: queue, tag: tag, ch: ch, pub: pub,
 		returns: returns, deliveries: deliveries, work: work}
+	if lanes, ok := s.app.(Lanes); ok {
+		w.lane = lanes.Lane(s.cfg.ApplyTimeout)
+	}
 	w.publish = w.publishConfirmed
 	return w, nil
 }

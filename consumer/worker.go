@@ -20,6 +20,7 @@ type worker struct {
 	returns    <-chan amqp.Return
 	deliveries <-chan amqp.Delivery
 	work       context.Context // lives ShutdownTimeout past shutdown
+	lane       Lane            // when the applier has lanes; else each attempt gets a timeout context
 	// publish sends a dead-letter copy and returns nil only once the broker
 	// confirmed it; publishConfirmed, or a fake in unit tests.
 	publish func(exchange, key string, msg amqp.Publishing) error
@@ -104,9 +105,7 @@ func (w *worker) handle(session context.Context, d amqp.Delivery) error {
 // session ends (shutdown or a broken broker session).
 func (w *worker) apply(session context.Context, ev Event) (Result, int, error) {
 	for attempt := 0; ; attempt++ {
-		ctx, cancel := context.WithTimeout(w.work, w.svc.cfg.ApplyTimeout)
-		res, err := w.svc.app.Apply(ctx, ev)
-		cancel()
+		res, err := w.attempt(ev)
 		if err == nil || ClassOf(session, err) != ClassTransient {
 			return res, attempt, err
 		}
@@ -121,6 +120,22 @@ func (w *worker) apply(session context.Context, ev Event) (Result, int, error) {
 			return res, attempt, err
 		case <-time.After(delay):
 		}
+	}
+}
+
+// attempt applies ev once, within ApplyTimeout and while work lasts.
+func (w *worker) attempt(ev Event) (Result, error) {
+	if w.lane != nil {
+		return w.lane.Apply(w.work, ev) // the lane keeps the timeout itself
+	}
+	ctx, cancel := context.WithTimeout(w.work, w.svc.cfg.ApplyTimeout)
+	defer cancel()
+	return w.svc.app.Apply(ctx, ev)
+}
+
+func (w *worker) close() {
+	if w.lane != nil {
+		w.lane.Close()
 	}
 }
 

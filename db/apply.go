@@ -16,7 +16,8 @@ import (
 )
 
 // Inbox applies events to the balance projection and the transfers'
-// states, each exactly once in effect. It implements consumer.Applier.
+// states, each exactly once in effect. It implements consumer.Applier and
+// consumer.Lanes.
 type Inbox struct {
 	db *sqlx.DB
 
@@ -47,48 +48,65 @@ func NewInbox(db *sqlx.DB) *Inbox { return &Inbox{db: db} }
 // consumer.Transition error when a lifecycle event contradicts its transfer
 // (nothing is written then, the claim included); a consumer.Transient error
 // when the database is unreachable or asks for a retry (serialization
-// failure, deadlock); any other error as is.
+// failure, deadlock), or when ctx ended the attempt; any other error as is.
+//
+// Apply takes a connection for this one call; a worker applying event after
+// event uses a Lane, which keeps its connection.
 func (in *Inbox) Apply(ctx context.Context, ev consumer.Event) (consumer.Result, error) {
-	stmt, err := in.statement(ctx)
-	if err != nil {
-		return consumer.Result{}, fmt.Errorf("apply event %s: %w", ev.ID, translate(err))
-	}
-	conn, err := in.db.Connx(ctx)
-	if err != nil {
-		return consumer.Result{}, fmt.Errorf("apply event %s: %w", ev.ID, translate(err))
-	}
-	defer conn.Close()
-	pid, err := in.backendPID(ctx, conn)
-	if err != nil {
-		return consumer.Result{}, fmt.Errorf("apply event %s: %w", ev.ID, translate(err))
-	}
-	// The statements run under a context that is never cancelled, and one
-	// callback armed on ctx cancels them on the server instead: given a
-	// cancellable context, database/sql and lib/pq start a goroutine per
-	// statement to watch it, three per event, which cost about 40 µs of CPU
-	// per event here (BENCHMARKS.md). What a cancel interrupts rolls back;
-	// the error is transient, so the event is retried in place.
-	cancelled := make(chan struct{})
-	stop := context.AfterFunc(ctx, func() {
-		defer close(cancelled)
-		in.cancelBackend(pid)
-	})
-	t := ev.Transfer
-	var outcome string
-	quiet := context.Background()
-	err = inTx(quiet, conn, func(tx *sqlx.Tx) error {
-		return tx.StmtContext(quiet, stmt.Stmt).QueryRowContext(quiet,
-			ev.ID, ev.Type, ev.Fingerprint, t.ID, t.FromAccount, t.ToAccount, t.AmountMinor, t.Currency).Scan(&outcome)
-	})
-	if !stop() {
-		// The cancel was sent, and may yet reach the server after this
-		// transaction ended: the connection must not run anyone's next
-		// statement, so it is discarded rather than returned to the pool.
-		<-cancelled
-		// If the transaction committed before the cancel took effect, err
-		// is nil and the event is applied.
-		conn.Raw(func(any) error { return driver.ErrBadConn })
-	}
+	l := in.Lane(0)
+	defer l.Close()
+	return l.Apply(ctx, ev)
+}
+
+// Lane returns a consumer.Lane: it applies one worker's events, one at a
+// time, on a connection it keeps between them, and bounds each attempt by
+// timeout itself (0: only by the context given to Apply).
+//
+// A statement is never handed a cancellable context: given one, database/sql
+// and lib/pq start a goroutine per statement to watch it, three per event,
+// which cost about 40 µs of CPU per event here (BENCHMARKS.md). When an
+// attempt's time is up, or the context given to Apply ends while a statement
+// runs, the lane asks the server, from another connection, to cancel its
+// connection's server process (pg_cancel_backend). What the cancel
+// interrupts rolls back; the error is transient, so the event is retried in
+// place. A connection a cancel was sent for is discarded, never reused, so a
+// late cancel cannot reach another statement. Per event this costs no
+// allocation and no goroutine: a timer reset and stopped, a mutex taken
+// twice (ADR 0005).
+func (in *Inbox) Lane(timeout time.Duration) consumer.Lane {
+	return &lane{in: in, timeout: timeout}
+}
+
+// keepConns reports whether a lane may keep its connection after an event:
+// only while another connection is left for everyone else (another lane, a
+// cancel, the readiness check, retention). With a pool smaller than the
+// queues (DB_MAX_CONNS), or shared, the last lanes to take one return it
+// after every event, so that no queue waits on a connection a lane sits on.
+func (in *Inbox) keepConns() bool {
+	st := in.db.Stats()
+	return st.MaxOpenConnections == 0 || st.MaxOpenConnections-st.InUse >= 1
+}
+
+type lane struct {
+	in      *Inbox
+	timeout time.Duration
+
+	// Owned by the goroutine calling Apply.
+	conn      *sqlx.Conn // kept between events; nil until needed and after a failure
+	timer     *time.Timer
+	watched   context.Context // the context stopWatch watches
+	stopWatch func() bool
+	closed    bool
+
+	mu        sync.Mutex // guards what the timer and the watch touch
+	pid       int        // conn's server process
+	active    bool       // a transaction is running on conn
+	deadline  time.Time  // of the running attempt, when timeout > 0
+	cancelled bool       // a cancel was sent for conn
+}
+
+func (l *lane) Apply(ctx context.Context, ev consumer.Event) (consumer.Result, error) {
+	outcome, err := l.run(ctx, ev)
 	if err != nil {
 		return consumer.Result{}, fmt.Errorf("apply event %s: %w", ev.ID, translate(err))
 	}
@@ -103,6 +121,142 @@ func (in *Inbox) Apply(ctx context.Context, ev consumer.Event) (consumer.Result,
 			ev.ID, strings.TrimPrefix(outcome, "conflict:"), ev.Fingerprint))
 	}
 	return consumer.Result{}, fmt.Errorf("apply event %s: unexpected outcome %q", ev.ID, outcome)
+}
+
+// run runs ev's transaction on the lane's connection and returns
+// apply_event's outcome.
+func (l *lane) run(ctx context.Context, ev consumer.Event) (string, error) {
+	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	stmt, err := l.in.statement(ctx)
+	if err != nil {
+		return "", err
+	}
+	if l.conn == nil {
+		if err := l.pin(ctx); err != nil {
+			return "", err
+		}
+	}
+	if ctx != l.watched {
+		if l.stopWatch != nil {
+			l.stopWatch()
+		}
+		l.watched, l.stopWatch = ctx, context.AfterFunc(ctx, func() { l.cancel(false) })
+	}
+
+	l.mu.Lock()
+	l.active = true
+	if l.timeout > 0 {
+		l.deadline = time.Now().Add(l.timeout)
+	}
+	l.mu.Unlock()
+	if l.timeout > 0 {
+		if l.timer == nil {
+			l.timer = time.AfterFunc(l.timeout, func() { l.cancel(true) })
+		} else {
+			l.timer.Reset(l.timeout)
+		}
+	}
+
+	t := ev.Transfer
+	var outcome string
+	quiet := context.Background()
+	err = inTx(quiet, l.conn, func(tx *sqlx.Tx) error {
+		return tx.StmtContext(quiet, stmt.Stmt).QueryRowContext(quiet,
+			ev.ID, ev.Type, ev.Fingerprint, t.ID, t.FromAccount, t.ToAccount, t.AmountMinor, t.Currency).Scan(&outcome)
+	})
+
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+	// A cancel being sent holds mu until it is sent; once we hold mu, no
+	// cancel can start for this transaction any more.
+	l.mu.Lock()
+	l.active = false
+	cancelled := l.cancelled
+	l.cancelled = false
+	l.mu.Unlock()
+	switch {
+	case cancelled:
+		// The cancel may yet reach the server after this transaction ended:
+		// the connection must not run anyone's next statement. If the
+		// transaction committed before the cancel took effect, err is nil
+		// and the event is applied.
+		l.conn.Raw(func(any) error { return driver.ErrBadConn })
+		l.unpin()
+		if err != nil && ctx.Err() == nil {
+			err = fmt.Errorf("%w (cancelled after %s)", err, l.timeout)
+		}
+	case err != nil:
+		// Rare (poison never gets this far): a fresh connection is simpler
+		// to trust than one that failed in a transaction.
+		l.unpin()
+	case !l.in.keepConns():
+		l.unpin()
+	}
+	return outcome, err
+}
+
+// pin takes a connection for the lane and asks for its server process,
+// within the lane's timeout.
+func (l *lane) pin(ctx context.Context) error {
+	if l.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, l.timeout)
+		defer cancel()
+	}
+	conn, err := l.in.db.Connx(ctx)
+	if err != nil {
+		return err
+	}
+	pid, err := l.in.backendPID(ctx, conn)
+	if err != nil {
+		conn.Close()
+		return err
+	}
+	l.conn = conn
+	l.mu.Lock()
+	l.pid = pid
+	l.mu.Unlock()
+	return nil
+}
+
+func (l *lane) unpin() {
+	l.conn.Close()
+	l.conn = nil
+}
+
+// cancel cancels the running transaction on the server, if there is one
+// and, for the timer (atDeadline), if its deadline has passed: a timer that
+// fired just as the previous attempt ended finds the next one's deadline
+// ahead and leaves it alone.
+func (l *lane) cancel(atDeadline bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.active || l.cancelled || atDeadline && time.Now().Before(l.deadline) {
+		return
+	}
+	l.cancelled = true
+	l.in.cancelBackend(l.pid)
+}
+
+// Close returns the lane's connection to the pool and stops its timer and
+// its watch; the lane is not used again.
+func (l *lane) Close() {
+	if l.closed {
+		return
+	}
+	l.closed = true
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+	if l.stopWatch != nil {
+		l.stopWatch()
+	}
+	if l.conn != nil {
+		l.unpin()
+	}
 }
 
 // backendPID returns the server process of conn, asked once per connection
