@@ -81,6 +81,13 @@ func TestBinaryAppliesTheContractSampleOnce(t *testing.T) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
+	// Without GOGC, the service sets its own collection target (main.go).
+	if _, set := os.LookupEnv("GOGC"); !set {
+		want := "\ngo_gc_gogc_percent 400\n"
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %q", strings.TrimSpace(want))
+		}
+	}
 
 	if err := proc.stop(syscall.SIGTERM, 30*time.Second); err != nil {
 		t.Errorf("after SIGTERM the service exited with %v, want 0", err)
