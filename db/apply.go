@@ -70,9 +70,9 @@ func (in *Inbox) Apply(ctx context.Context, ev consumer.Event) (consumer.Result,
 // connection's server process (pg_cancel_backend). What the cancel
 // interrupts rolls back; the error is transient, so the event is retried in
 // place. A connection a cancel was sent for is discarded, never reused, so a
-// late cancel cannot reach another statement. Per event this costs no
-// allocation and no goroutine: a timer reset and stopped, a mutex taken
-// twice (ADR 0005).
+// late cancel cannot reach another statement. Per event, the timeout and
+// the watch cost no allocation and no goroutine: a timer reset and stopped,
+// a mutex taken twice (ADR 0005, second addendum).
 func (in *Inbox) Lane(timeout time.Duration) consumer.Lane {
 	return &lane{in: in, timeout: timeout}
 }
