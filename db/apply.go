@@ -96,7 +96,6 @@ type lane struct {
 	timer     *time.Timer
 	watched   context.Context // the context stopWatch watches
 	stopWatch func() bool
-	closed    bool
 
 	mu        sync.Mutex // guards what the timer and the watch touch
 	pid       int        // conn's server process
@@ -242,12 +241,8 @@ func (l *lane) cancel(atDeadline bool) {
 }
 
 // Close returns the lane's connection to the pool and stops its timer and
-// its watch; the lane is not used again.
+// its watch; the lane is not used again. A second Close does nothing.
 func (l *lane) Close() {
-	if l.closed {
-		return
-	}
-	l.closed = true
 	if l.timer != nil {
 		l.timer.Stop()
 	}
