@@ -188,6 +188,7 @@ var userinfo = regexp.MustCompile(`//[^/\s"@]*@`)
 
 // redactErr returns err's text with the credentials of any URL in it hidden:
 // a parse error quotes the URL it could not parse.
-func redactErr(err error) string {
-	return userinfo.ReplaceAllString(err.Error(), "//xxxxx@")
-}
+func redactErr(err error) string { return redactText(err.Error()) }
+
+// redactText returns s with the credentials of any URL in it hidden.
+func redactText(s string) string { return userinfo.ReplaceAllString(s, "//xxxxx@") }

@@ -28,7 +28,7 @@ func serveHTTP(ctx context.Context, ln net.Listener, svc *consumer.Service, data
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		st := svc.State()
 		dbErr := pingDB(database)
-		ready := st.Connected && st.Consuming == st.Queues && dbErr == nil
+		ready := st.Connected && st.Consuming == st.Queues && dbErr == nil && len(st.Blocked) == 0
 		body := map[string]any{
 			"ready":            ready,
 			"broker_connected": st.Connected,
@@ -38,6 +38,19 @@ func serveHTTP(ctx context.Context, ln net.Listener, svc *consumer.Service, data
 		}
 		if dbErr != nil {
 			body["database_error"] = redactErr(dbErr)
+		}
+		if len(st.Blocked) > 0 {
+			blocked := make([]map[string]any, 0, len(st.Blocked))
+			for _, b := range st.Blocked {
+				blocked = append(blocked, map[string]any{
+					"queue": b.Queue, "event_id": b.EventID, "since": b.Since.UTC().Format(time.RFC3339Nano),
+					"class": string(b.Class), "attempts": b.Attempts, "reason": redactText(b.Reason),
+				})
+			}
+			body["blocked_queues"] = blocked
+		}
+		if st.PublishBlocked != "" {
+			body["broker_alarm"] = st.PublishBlocked
 		}
 		w.Header().Set("Content-Type", "application/json")
 		if !ready {

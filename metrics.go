@@ -79,6 +79,11 @@ func newMetrics(svc *consumer.Service, database *sqlx.DB) *metrics {
 			func() float64 { return boolean(svc.State().Connected) }),
 		gauge("queues_consumed", "Partition queues with a running consumer.",
 			func() float64 { return float64(svc.State().Consuming) }),
+		gauge("queues_blocked", "Partition queues retrying their message in hand because the environment failed (adr/0002).",
+			func() float64 { return float64(len(svc.State().Blocked)) }),
+		blockedSince{svc, prometheus.NewDesc(ns+"_queue_blocked_since_seconds",
+			"Unix time since which the queue has retried its message in hand because the environment failed; 0 when it is not blocked.",
+			[]string{"queue"}, nil)},
 		gauge("database_up", "1 when the database answered a ping at scrape time.",
 			func() float64 { return boolean(pingDB(database) == nil) }),
 		gauge("inbox_oldest_row_age_seconds", "Age of the oldest inbox row; retention keeps it near INBOX_TTL.",
@@ -130,4 +135,25 @@ func pingDB(database *sqlx.DB) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	return database.PingContext(ctx)
+}
+
+// blockedSince reports, for every partition queue, since when it has been
+// blocked, read from the service's state at scrape time.
+type blockedSince struct {
+	svc  *consumer.Service
+	desc *prometheus.Desc
+}
+
+func (b blockedSince) Describe(ch chan<- *prometheus.Desc) { ch <- b.desc }
+
+func (b blockedSince) Collect(ch chan<- prometheus.Metric) {
+	st := b.svc.State()
+	since := map[string]float64{}
+	for _, q := range st.Blocked {
+		since[q.Queue] = float64(q.Since.UnixMilli()) / 1000
+	}
+	for i := 0; i < st.Queues; i++ {
+		q := b.svc.Queue(i)
+		ch <- prometheus.MustNewConstMetric(b.desc, prometheus.GaugeValue, since[q], q)
+	}
 }

@@ -7,7 +7,9 @@ import (
 
 // Class is a failure class. Every error that reaches the handler is put in
 // exactly one class, here and nowhere else, and the class alone decides what
-// happens to the message (see adr/0001 and the table in decide).
+// happens to the message (adr/0002 and the table in decide). The question
+// is always whether the message caused the failure: only then may it go to
+// the dead-letter queue.
 type Class string
 
 const (
@@ -21,13 +23,22 @@ const (
 	// state (completed after failed, or the reverse; a second creation; data
 	// that does not match the transfer). Dead-lettered, never applied.
 	ClassTransition Class = "invalid-transition"
-	// ClassTransient: the service's own dependency failed (database down,
-	// connection lost, serialization failure, deadlock). Retried in place,
-	// without returning the message, so its delivery count is not burnt.
+	// ClassRejected: the database rejected the event's own values, the same
+	// way on every attempt (a data exception such as a balance that would
+	// overflow, a constraint its data breaks). Dead-lettered at once.
+	ClassRejected Class = "data-rejected"
+	// ClassTransient: the environment failed (database down, closed for
+	// maintenance, read-only, a revoked grant, a missing function, a lock or
+	// statement timeout, serialization failure, deadlock). Retried in place,
+	// without returning the message, for as long as it lasts.
 	ClassTransient Class = "transient"
-	// ClassUnknown: anything not classified. Requeued; the quorum queue's
-	// delivery limit turns a message that always fails into a dead letter.
+	// ClassUnknown: an error nobody classified. Treated like the
+	// environment's fault, since the safe side is never the DLQ: retried in
+	// place, with an alarm, until someone fixes it.
 	ClassUnknown Class = "unknown"
+	// ClassPanic: handling this message panicked. Requeued; should it keep
+	// doing so, the quorum queue's delivery limit ends the loop.
+	ClassPanic Class = "panic"
 	// ClassShutdown: the service is stopping. Not a failure: requeued,
 	// never dead-lettered.
 	ClassShutdown Class = "shutdown"
@@ -55,8 +66,12 @@ func Conflict(err error) error { return wrap(ClassConflict, err) }
 // Transition marks err as a lifecycle event that contradicts its transfer.
 func Transition(err error) error { return wrap(ClassTransition, err) }
 
-// Transient marks err as a fault of a dependency that will pass: the
-// message is retried in place.
+// Rejected marks err as the database refusing the event's own values, as it
+// will on every attempt: the message is dead-lettered now.
+func Rejected(err error) error { return wrap(ClassRejected, err) }
+
+// Transient marks err as a fault of the environment: the message is
+// retried in place until it passes.
 func Transient(err error) error { return wrap(ClassTransient, err) }
 
 func wrap(class Class, err error) error {
@@ -66,17 +81,27 @@ func wrap(class Class, err error) error {
 	return &classified{class: class, err: err}
 }
 
-// ClassOf returns the class of err: poison, conflict and transition as
-// marked, since no shutdown makes them less permanent; ClassShutdown when ctx
-// was cancelled because the service is stopping; else the class err was
-// marked with, or ClassUnknown. It returns "" for a nil error.
+// causedByMessage reports whether class says the message itself is at
+// fault, which no shutdown makes less true.
+func causedByMessage(class Class) bool {
+	switch class {
+	case ClassPoison, ClassConflict, ClassTransition, ClassRejected:
+		return true
+	}
+	return false
+}
+
+// ClassOf returns the class of err: the message's own faults as marked;
+// ClassShutdown when ctx was cancelled because the service is stopping; else
+// the class err was marked with, or ClassUnknown. It returns "" for a nil
+// error.
 func ClassOf(ctx context.Context, err error) Class {
 	if err == nil {
 		return ""
 	}
 	var c *classified
 	marked := errors.As(err, &c)
-	if marked && (c.class == ClassPoison || c.class == ClassConflict || c.class == ClassTransition) {
+	if marked && causedByMessage(c.class) {
 		return c.class
 	}
 	if errors.Is(context.Cause(ctx), ErrShutdown) {
@@ -94,19 +119,31 @@ type Action string
 const (
 	ActionAck        Action = "ack"         // after the commit, or for a duplicate
 	ActionDeadLetter Action = "dead-letter" // copy to the DLQ with reasons, then ack
+	ActionRetry      Action = "retry"       // keep the message, try again after a backoff
 	ActionRequeue    Action = "requeue"     // Reject(requeue=true)
 )
 
-// decide maps a class to the one thing that happens to the message. A
-// transient error only gets here when retrying in place was cut short by
-// shutdown, so it requeues like shutdown does.
+// decide maps a class to the one thing that happens to the message:
+//
+//	class                                   action
+//	(none: applied or duplicate)            ack after the commit
+//	poison, producer-conflict,
+//	invalid-transition, data-rejected       dead-letter now (the message caused it)
+//	transient, unknown                      retry in place (the environment caused it, or may have)
+//	panic                                   requeue: the delivery limit ends a crash loop
+//	shutdown                                requeue, never dead-letter
+//
+// A retry that the end of the broker session cuts short becomes a requeue
+// (see worker.handle).
 func decide(class Class) Action {
-	switch class {
-	case "":
+	switch {
+	case class == "":
 		return ActionAck
-	case ClassPoison, ClassConflict, ClassTransition:
+	case causedByMessage(class):
 		return ActionDeadLetter
-	default: // ClassTransient, ClassUnknown, ClassShutdown
+	case class == ClassTransient || class == ClassUnknown:
+		return ActionRetry
+	default: // ClassPanic, ClassShutdown
 		return ActionRequeue
 	}
 }

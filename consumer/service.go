@@ -40,6 +40,15 @@ type Lane interface {
 	Close() // releases what the lane holds; it is not used again
 }
 
+// Prober is implemented by an Applier that can tell, without an event,
+// whether applying one would work now: after a broker session ended while a
+// queue was blocked, the service resumes consuming only once Probe passes,
+// so that a long outage returns the message in hand to the broker once, not
+// once per consumer timeout (adr/0002).
+type Prober interface {
+	Probe(ctx context.Context) error
+}
+
 // Result is what applying an event did.
 type Result struct {
 	Duplicate bool // the event had been applied before; nothing changed
@@ -69,7 +78,8 @@ type Config struct {
 	ObserveRetry func(Retry)
 }
 
-// Retry is one in-place retry of a transient failure.
+// Retry is one in-place retry of a transient failure, or one failed probe
+// of the applier before consuming again (then Queue and EventID are "").
 type Retry struct {
 	Queue   string
 	EventID string
@@ -120,23 +130,39 @@ type Service struct {
 	log       *slog.Logger
 	connected atomic.Bool
 	consuming atomic.Int32
+	letters   atomic.Pointer[letters] // the session's dead-letter connection
+
+	mu       sync.Mutex
+	blockedQ map[string]Blocked // by queue
 }
 
 // State is what readiness checks need to know about the broker side.
 type State struct {
-	Connected bool // a broker session is up
-	Consuming int  // queues with a running consumer
-	Queues    int  // queues there are to consume
+	Connected bool      // a broker session is up
+	Consuming int       // queues with a running consumer
+	Queues    int       // queues there are to consume
+	Blocked   []Blocked // queues retrying their message in hand, by name
+	// PublishBlocked is the broker's reason while a resource alarm blocks
+	// the connection dead letters go out on, else "".
+	PublishBlocked string
 }
 
 // State returns the service's current broker-side state.
 func (s *Service) State() State {
-	return State{
+	st := State{
 		Connected: s.connected.Load(),
 		Consuming: int(s.consuming.Load()),
 		Queues:    s.cfg.Topology.Queues,
+		Blocked:   s.blocked(),
 	}
+	if l := s.letters.Load(); l != nil {
+		st.PublishBlocked = l.blockedBy()
+	}
+	return st
 }
+
+// Queue returns the name of partition queue i.
+func (s *Service) Queue(i int) string { return s.cfg.Topology.Queue(i) }
 
 // New returns a Service; Run starts it.
 func New(cfg Config, app Applier) *Service {
@@ -144,7 +170,7 @@ func New(cfg Config, app Applier) *Service {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Service{cfg: cfg, app: app, log: log}
+	return &Service{cfg: cfg, app: app, log: log, blockedQ: map[string]Blocked{}}
 }
 
 // Run consumes until ctx is cancelled, reconnecting after any broker failure
@@ -200,11 +226,10 @@ func (s *Service) Run(ctx context.Context) error {
 // session runs one broker connection: declare, consume every queue, and
 // return when the connection or any worker fails, or when stop ends.
 func (s *Service) session(stop, work context.Context) error {
-	conn, err := amqp.DialConfig(s.cfg.URL, amqp.Config{
-		Properties: amqp.Table{"connection_name": s.cfg.Instance},
-		Heartbeat:  10 * time.Second,
-		Locale:     "en_US",
-	})
+	if err := s.awaitHealthy(stop); err != nil {
+		return err
+	}
+	conn, err := dial(s.cfg.URL, s.cfg.Instance)
 	if err != nil {
 		return fmt.Errorf("connect to broker: %w", err)
 	}
@@ -212,6 +237,9 @@ func (s *Service) session(stop, work context.Context) error {
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	s.connected.Store(true)
 	defer s.connected.Store(false)
+	letters := &letters{url: s.cfg.URL, name: s.cfg.Instance + " dead-letters", log: s.log}
+	s.letters.Store(letters)
+	defer letters.close()
 
 	if s.cfg.Declare {
 		if err := s.cfg.Topology.Declare(conn); err != nil {
@@ -224,7 +252,7 @@ func (s *Service) session(stop, work context.Context) error {
 	var wg sync.WaitGroup
 	errs := make(chan error, s.cfg.Topology.Queues)
 	for i := 0; i < s.cfg.Topology.Queues; i++ {
-		w, err := s.openWorker(conn, i, work)
+		w, err := s.openWorker(conn, letters, i, work)
 		if err != nil {
 			endSession()
 			wg.Wait()
@@ -269,7 +297,7 @@ func (c Config) ConsumerArgs(i int) amqp.Table {
 	return amqp.Table{"x-priority": int32(priority)}
 }
 
-func (s *Service) openWorker(conn *amqp.Connection, i int, work context.Context) (*worker, error) {
+func (s *Service) openWorker(conn *amqp.Connection, letters *letters, i int, work context.Context) (*worker, error) {
 	queue := s.cfg.Topology.Queue(i)
 	ch, err := conn.Channel()
 	if err != nil {
@@ -282,16 +310,7 @@ func (s *Service) openWorker(conn *amqp.Connection, i int, work context.Context)
 	if err := ch.Qos(1, 0, false); err != nil {
 		return nil, fmt.Errorf("queue %s: qos: %w", queue, err)
 	}
-	// Dead letters are published on their own channel in confirm mode, and
-	// the original is acked only after the broker confirmed the copy.
-	pub, err := conn.Channel()
-	if err != nil {
-		return nil, fmt.Errorf("queue %s: open publish channel: %w", queue, err)
-	}
-	if err := pub.Confirm(false); err != nil {
-		return nil, fmt.Errorf("queue %s: confirm mode: %w", queue, err)
-	}
-	returns := pub.NotifyReturn(make(chan amqp.Return, 1))
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	tag := s.cfg.Instance + "/" + queue
 	deliveries, err := ch.Consume(queue, tag,
 		false, // auto-ack: never; the ack comes after the commit
@@ -302,11 +321,58 @@ func (s *Service) openWorker(conn *amqp.Connection, i int, work context.Context)
 	if err != nil {
 		return nil, fmt.Errorf("consume %s: %w", queue, err)
 	}
-	w := &worker{svc: s, queue: queue, tag: tag, ch: ch, pub: pub,
-		returns: returns, deliveries: deliveries, work: work}
+	w := &worker{svc: s, queue: queue, tag: tag, ch: ch, closed: closed,
+		deliveries: deliveries, work: work, letters: letters}
 	if lanes, ok := s.app.(Lanes); ok {
 		w.lane = lanes.Lane(s.cfg.ApplyTimeout)
 	}
 	w.publish = w.publishConfirmed
 	return w, nil
+}
+
+// awaitHealthy holds the next broker session back while a queue is still
+// reported blocked from the last one and the applier can probe: until the
+// probe passes, consuming again would only take the same message back and,
+// at the next consumer timeout, spend one more of its deliveries. It
+// returns when the probe passes or stop ends; then no queue is blocked.
+func (s *Service) awaitHealthy(stop context.Context) error {
+	p, ok := s.app.(Prober)
+	if !ok || len(s.blocked()) == 0 {
+		s.clearAllBlocked()
+		return nil
+	}
+	var th throttle
+	start := time.Now()
+	for attempt := 0; ; attempt++ {
+		ctx, cancel := context.WithTimeout(stop, s.cfg.ApplyTimeout)
+		err := p.Probe(ctx)
+		cancel()
+		if err == nil {
+			s.clearAllBlocked()
+			if attempt > 0 {
+				s.log.Info("environment healthy again, consuming", "probe_attempts", attempt+1,
+					"waited_ms", time.Since(start).Milliseconds())
+			}
+			return nil
+		}
+		delay := s.cfg.Retry.Delay(attempt)
+		if s.cfg.ObserveRetry != nil {
+			s.cfg.ObserveRetry(Retry{Attempt: attempt + 1, Delay: delay, Err: err})
+		}
+		if due, _ := th.due(attempt+1, err.Error()); due {
+			s.log.Warn("a queue was blocked when the broker session ended; consuming resumes once a probe of the database passes",
+				"attempts", attempt+1, "waited_ms", time.Since(start).Milliseconds(), "next_retry_ms", delay.Milliseconds(), "err", err)
+		}
+		select {
+		case <-stop.Done():
+			return context.Cause(stop)
+		case <-time.After(delay):
+		}
+	}
+}
+
+func (s *Service) clearAllBlocked() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	clear(s.blockedQ)
 }

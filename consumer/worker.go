@@ -2,8 +2,10 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -16,11 +18,14 @@ import (
 type worker struct {
 	svc        *Service
 	queue, tag string
-	ch, pub    *amqp.Channel
-	returns    <-chan amqp.Return
+	ch         *amqp.Channel
+	closed     <-chan *amqp.Error // ch's close notification
 	deliveries <-chan amqp.Delivery
 	work       context.Context // lives ShutdownTimeout past shutdown
 	lane       Lane            // when the applier has lanes; else each attempt gets a timeout context
+	letters    *letters        // the connection dead-letter copies go out on
+	pub        *amqp.Channel   // on letters' connection, opened at the first dead letter
+	returns    <-chan amqp.Return
 	// publish sends a dead-letter copy and returns nil only once the broker
 	// confirmed it; publishConfirmed, or a fake in unit tests.
 	publish func(exchange, key string, msg amqp.Publishing) error
@@ -31,27 +36,32 @@ type worker struct {
 // sent (with prefetch 1, at most one message): returning it instead would
 // count toward its delivery limit.
 func (w *worker) run(session context.Context) error {
-	for {
+	for session.Err() == nil { // an ended session goes first, even with a delivery waiting
 		select {
 		case d, ok := <-w.deliveries:
 			if !ok {
-				return fmt.Errorf("queue %s: consumer channel closed", w.queue)
+				var reason *amqp.Error
+				select {
+				case reason = <-w.closed:
+				default:
+				}
+				return fmt.Errorf("queue %s: consumer channel closed: %v", w.queue, reason)
 			}
 			if err := w.handle(session, d); err != nil {
 				return err
 			}
 		case <-session.Done():
-			if err := w.ch.Cancel(w.tag, false); err != nil {
-				return nil // the channel is gone; the broker returns what it held
-			}
-			for d := range w.deliveries {
-				if err := w.handle(session, d); err != nil {
-					return err
-				}
-			}
-			return nil
 		}
 	}
+	if err := w.ch.Cancel(w.tag, false); err != nil {
+		return nil // the channel is gone; the broker returns what it held
+	}
+	for d := range w.deliveries {
+		if err := w.handle(session, d); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // handle decides the fate of one delivery and carries it out: ack after the
@@ -66,26 +76,34 @@ func (w *worker) handle(session context.Context, d amqp.Delivery) error {
 		Redelivered:   d.Redelivered,
 		DeliveryCount: dlq.DeliveryCount(d.Headers),
 	}
-	ev, err := Decode(d.Body, d.MessageId, d.Type)
-	if err == nil {
-		dec.EventID = ev.ID
-		var res Result
-		res, dec.Retries, err = w.apply(session, ev)
-		dec.Duplicate = res.Duplicate
-	}
+	var err error
+	dec.EventID, dec.Duplicate, dec.Retries, err = w.process(session, d)
 	dec.Err = err
 	dec.Class = ClassOf(session, err)
 	dec.Action = decide(dec.Class)
+	if dec.Action == ActionRetry {
+		// Retrying in place ends only when the broker session does (a
+		// closed channel or connection, while not shutting down): the
+		// broker has the message back, or gets it with this requeue.
+		dec.Action = ActionRequeue
+	}
 
 	var sendErr error
 	switch dec.Action {
 	case ActionAck:
 		sendErr = d.Ack(false)
 	case ActionDeadLetter:
-		sendErr = w.deadLetter(d, dec)
+		dec.Action, sendErr = w.deadLetter(d, dec)
 	case ActionRequeue:
+		if session.Err() != nil && w.ch != nil { // (unit tests have no channel)
+			// Cancel first, or the broker hands the message straight back
+			// to this consumer, and returning it again spends another of
+			// its deliveries. The broker takes the two in order.
+			_ = w.ch.Cancel(w.tag, false)
+		}
 		// Reject, not Nack: on every broker version (4.3+ included) a
-		// rejected requeue counts toward the quorum queue's delivery limit.
+		// rejected requeue counts toward the quorum queue's delivery limit,
+		// which is what ends a crash loop.
 		sendErr = d.Reject(true)
 	}
 	dec.Duration = time.Since(start)
@@ -99,25 +117,67 @@ func (w *worker) handle(session context.Context, d amqp.Delivery) error {
 	return nil
 }
 
-// apply applies ev, retrying transient failures in place with backoff for as
-// long as they last: the message stays in hand, so the queue waits in order
-// and the message's delivery count is not burnt. It gives up only when
-// session ends (shutdown or a broken broker session).
+// process decodes d and applies it, retrying in place what the environment
+// caused. A panic in either is recovered and returned as ClassPanic with its
+// stack, so that the message is requeued and the delivery limit, not a
+// dead process, ends a loop of them.
+func (w *worker) process(session context.Context, d amqp.Delivery) (id string, dup bool, retries int, err error) {
+	id = d.MessageId
+	defer func() {
+		if p := recover(); p != nil {
+			stack := debug.Stack()
+			w.svc.log.Error("panic while handling a message; it is requeued, and the delivery limit ends a loop",
+				"queue", w.queue, "event_id", id, "panic", fmt.Sprint(p), "stack", string(stack))
+			err = &classified{class: ClassPanic, err: fmt.Errorf("panic: %v", p)}
+			w.renewLane()
+		}
+	}()
+	ev, err := Decode(d.Body, d.MessageId, d.Type)
+	if err != nil {
+		return id, false, 0, err
+	}
+	id = ev.ID
+	res, retries, err := w.apply(session, ev)
+	return id, res.Duplicate, retries, err
+}
+
+// apply applies ev, retrying in place with backoff, for as long as it
+// lasts, whatever the environment caused and whatever nobody classified:
+// the message stays in hand, so the queue waits in order and the message's
+// delivery count is not spent. The queue is reported blocked meanwhile. It
+// gives up only when session ends (shutdown, or a broken broker session)
+// or the broker closes the channel (the broker then has the message back).
 func (w *worker) apply(session context.Context, ev Event) (Result, int, error) {
+	b := Blocked{Queue: w.queue, EventID: ev.ID}
+	var th throttle
 	for attempt := 0; ; attempt++ {
 		res, err := w.attempt(ev)
-		if err == nil || ClassOf(session, err) != ClassTransient {
+		class := ClassOf(session, err)
+		if decide(class) != ActionRetry {
+			if b.Attempts > 0 {
+				w.svc.clearBlocked(w.queue)
+			}
+			if b.Attempts > 0 && class != ClassShutdown {
+				w.svc.log.Info("queue unblocked", "queue", w.queue, "event_id", ev.ID, "attempts", b.Attempts,
+					"blocked_ms", time.Since(b.Since).Milliseconds())
+			}
 			return res, attempt, err
 		}
+		if b.Attempts == 0 {
+			b.Since = time.Now()
+		}
+		b.Attempts, b.Class, b.Reason = attempt+1, class, err.Error()
+		w.svc.setBlocked(b)
 		delay := w.svc.cfg.Retry.Delay(attempt)
-		w.svc.log.Warn("transient failure, retrying in place",
-			"queue", w.queue, "event_id", ev.ID, "attempt", attempt+1, "delay", delay, "err", err)
+		logBlocked(w.svc.log, &th, b, delay)
 		if w.svc.cfg.ObserveRetry != nil {
 			w.svc.cfg.ObserveRetry(Retry{Queue: w.queue, EventID: ev.ID, Attempt: attempt + 1, Delay: delay, Err: err})
 		}
 		select {
 		case <-session.Done():
-			return res, attempt, err
+			return res, attempt, err // the queue stays reported blocked until the next session resumes it
+		case e := <-w.closed:
+			return res, attempt, fmt.Errorf("%w; the broker closed the channel meanwhile: %v", err, e)
 		case <-time.After(delay):
 		}
 	}
@@ -133,6 +193,16 @@ func (w *worker) attempt(ev Event) (Result, error) {
 	return w.svc.app.Apply(ctx, ev)
 }
 
+// renewLane replaces the worker's lane after a panic, which may have left
+// it in the middle of a transaction.
+func (w *worker) renewLane() {
+	if w.lane == nil {
+		return
+	}
+	w.lane.Close()
+	w.lane = w.svc.app.(Lanes).Lane(w.svc.cfg.ApplyTimeout)
+}
+
 func (w *worker) close() {
 	if w.lane != nil {
 		w.lane.Close()
@@ -141,9 +211,13 @@ func (w *worker) close() {
 
 // deadLetter publishes a copy of d with the failure headers to the
 // dead-letter exchange, waits for the broker's confirm, and only then acks d.
-// If the copy cannot be confirmed, d is rejected without requeue, and the
-// queue's at-least-once dead-lettering keeps it: either way it is not lost.
-func (w *worker) deadLetter(d amqp.Delivery, dec Decision) error {
+// The wait has no limit of its own: under a resource alarm the broker
+// confirms once the alarm passes, and this queue waits meanwhile. If the
+// copy is refused (nack, unroutable, its connection lost), d is rejected
+// without requeue, and the queue's at-least-once dead-lettering keeps it;
+// if shutdown cuts the wait short, d is requeued. Either way nothing is
+// lost, and at worst the DLQ holds a letter twice. It returns what it did.
+func (w *worker) deadLetter(d amqp.Delivery, dec Decision) (Action, error) {
 	msg := dlq.Copy(d, dlq.Failure{
 		Class:    string(dec.Class),
 		Reason:   dec.Err.Error(),
@@ -151,24 +225,34 @@ func (w *worker) deadLetter(d amqp.Delivery, dec Decision) error {
 		Instance: w.svc.cfg.Instance,
 		At:       time.Now(),
 	})
-	if err := w.publish(dlq.Exchange(w.svc.cfg.Topology.Prefix), d.RoutingKey, msg); err != nil {
-		w.svc.log.Error("dead-letter copy not confirmed, rejecting to the broker's dead-lettering",
-			"queue", w.queue, "event_id", dec.EventID, "err", err)
-		return d.Reject(false)
+	err := w.publish(dlq.Exchange(w.svc.cfg.Topology.Prefix), d.RoutingKey, msg)
+	switch {
+	case err == nil:
+		return ActionDeadLetter, d.Ack(false)
+	case errors.Is(context.Cause(w.work), ErrShutdown):
+		w.svc.log.Warn("shutdown before the dead-letter copy was confirmed; requeued",
+			"queue", w.queue, "event_id", dec.EventID)
+		return ActionRequeue, d.Reject(true)
 	}
-	return d.Ack(false)
+	w.svc.log.Error("dead-letter copy not confirmed, rejecting to the broker's dead-lettering",
+		"queue", w.queue, "event_id", dec.EventID, "err", err)
+	return ActionDeadLetter, d.Reject(false)
 }
 
 func (w *worker) publishConfirmed(exchange, key string, msg amqp.Publishing) error {
-	ctx, cancel := context.WithTimeout(w.work, 30*time.Second)
-	defer cancel()
-	return dlq.PublishConfirmed(ctx, w.pub, w.returns, exchange, key, msg)
+	if w.pub == nil || w.pub.IsClosed() {
+		var err error
+		if w.pub, w.returns, err = w.letters.channel(); err != nil {
+			return err
+		}
+	}
+	return dlq.PublishConfirmed(w.work, w.pub, w.returns, exchange, key, msg)
 }
 
 func (w *worker) log(dec Decision, sendErr error) {
 	level := slog.LevelInfo
 	switch {
-	case sendErr != nil || dec.Action == ActionDeadLetter:
+	case sendErr != nil || dec.Action == ActionDeadLetter || dec.Class == ClassPanic:
 		level = slog.LevelError
 	case dec.Action == ActionRequeue:
 		level = slog.LevelWarn

@@ -35,11 +35,18 @@ type stubApplier struct {
 	onCall  func()
 }
 
+// errPanic makes stubApplier panic instead of returning.
+var errPanic = errors.New("panic")
+
 func (s *stubApplier) Apply(context.Context, Event) (Result, error) {
 	err := s.results[min(s.calls, len(s.results)-1)]
 	s.calls++
 	if s.onCall != nil {
 		s.onCall()
+	}
+	if err == errPanic {
+		var m map[string]int
+		m["boom"]++ // a nil map write: a bug that some message triggers
 	}
 	return Result{Duplicate: s.dup && err == nil}, err
 }
@@ -61,6 +68,7 @@ func TestHandleEndsInExactlyOneOutcome(t *testing.T) {
 		dup        bool
 		publishErr error
 		shutdown   bool // shutdown starts during the first apply
+		stopCopy   bool // shutdown ends the wait for the dead-letter copy's confirm
 		wantAction Action
 		wantClass  Class
 		want       fakeAck
@@ -81,8 +89,16 @@ func TestHandleEndsInExactlyOneOutcome(t *testing.T) {
 			wantAction: ActionDeadLetter, wantClass: ClassTransition, want: fakeAck{acks: 1}, wantCopies: 1},
 		{name: "transient is retried in place, then applied", body: validBody, results: []error{transient, transient, nil},
 			wantAction: ActionAck, want: fakeAck{acks: 1}},
-		{name: "unknown is requeued", body: validBody, results: []error{errors.New("boom")},
-			wantAction: ActionRequeue, wantClass: ClassUnknown, want: fakeAck{rejects: 1, requeued: true}},
+		{name: "data the database rejects is dead-lettered at once", body: validBody, results: []error{Rejected(errors.New("bigint out of range"))},
+			wantAction: ActionDeadLetter, wantClass: ClassRejected, want: fakeAck{acks: 1}, wantCopies: 1},
+		{name: "unknown is retried in place like the environment's fault, then applied", body: validBody,
+			results:    []error{errors.New("boom"), errors.New("boom"), Transient(errors.New("refused")), nil},
+			wantAction: ActionAck, want: fakeAck{acks: 1}},
+		{name: "panic is requeued, so the delivery limit ends a crash loop", body: validBody, results: []error{errPanic},
+			wantAction: ActionRequeue, wantClass: ClassPanic, want: fakeAck{rejects: 1, requeued: true}},
+		{name: "shutdown while the dead-letter copy waits for its confirm requeues", body: `nope`, results: []error{nil},
+			publishErr: context.Canceled, stopCopy: true,
+			wantAction: ActionRequeue, wantClass: ClassPoison, want: fakeAck{rejects: 1, requeued: true}, wantCopies: 1},
 		{name: "transient cut short by shutdown is requeued", body: validBody, results: []error{transient},
 			shutdown: true, wantAction: ActionRequeue, wantClass: ClassShutdown, want: fakeAck{rejects: 1, requeued: true}},
 		{name: "unknown during shutdown is requeued, not dead-lettered", body: validBody, results: []error{errors.New("boom")},
@@ -106,7 +122,12 @@ func TestHandleEndsInExactlyOneOutcome(t *testing.T) {
 				Observe:      func(d Decision) { got = d },
 			}, app)
 			copies := 0
-			w := &worker{svc: svc, queue: "transfers.0", work: context.Background(),
+			work, stopWork := context.WithCancelCause(context.Background())
+			defer stopWork(nil)
+			if tt.stopCopy {
+				stopWork(ErrShutdown)
+			}
+			w := &worker{svc: svc, queue: "transfers.0", work: work,
 				publish: func(exchange, key string, msg amqp.Publishing) error {
 					copies++
 					if exchange != dlq.Exchange("transfers") || key != "acc_00001" {
@@ -138,6 +159,9 @@ func TestHandleEndsInExactlyOneOutcome(t *testing.T) {
 			if tt.shutdown && copies > 0 {
 				t.Error("shutdown dead-lettered a message")
 			}
+			if len(svc.State().Blocked) != 0 {
+				t.Errorf("queue still reported blocked after the decision: %+v", svc.State().Blocked)
+			}
 		})
 	}
 }
@@ -151,8 +175,10 @@ func TestDecide(t *testing.T) {
 		{ClassPoison, ActionDeadLetter},
 		{ClassConflict, ActionDeadLetter},
 		{ClassTransition, ActionDeadLetter},
-		{ClassTransient, ActionRequeue},
-		{ClassUnknown, ActionRequeue},
+		{ClassRejected, ActionDeadLetter},
+		{ClassTransient, ActionRetry},
+		{ClassUnknown, ActionRetry},
+		{ClassPanic, ActionRequeue},
 		{ClassShutdown, ActionRequeue},
 	}
 	for _, tt := range tests {
@@ -180,6 +206,7 @@ func TestClassOf(t *testing.T) {
 		{"poison while stopping stays poison", stopping, Poison(plain), ClassPoison},
 		{"conflict while stopping stays conflict", stopping, Conflict(plain), ClassConflict},
 		{"transition while stopping stays transition", stopping, Transition(plain), ClassTransition},
+		{"rejected while stopping stays rejected", stopping, Rejected(plain), ClassRejected},
 		{"transient while stopping", stopping, Transient(plain), ClassShutdown},
 		{"unknown while stopping", stopping, plain, ClassShutdown},
 	}

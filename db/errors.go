@@ -3,12 +3,8 @@ package db
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"syscall"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
@@ -21,55 +17,54 @@ import (
 const transitionCode = "TC001"
 
 // translate puts a driver error into the project's failure classes, once,
-// here. Transition: apply_event refused a contradicting lifecycle event.
-// Transient: the database cannot be reached or asks for a retry. Everything
-// else is returned as is, which the consumer treats as unknown.
+// here (adr/0002). The rule is by cause, and the default is the safe side:
+//
+//   - TC001, raised by apply_event: the event contradicts its transfer
+//     (consumer.Transition);
+//   - SQLSTATE classes 22 (data exception, e.g. 22003 when a balance would
+//     overflow) and 23 (integrity constraint violation): our own statement
+//     refused the event's values, as it will on every attempt
+//     (consumer.Rejected);
+//   - everything else is the environment's fault (consumer.Transient): the
+//     database unreachable, closed for maintenance (55000), read-only after a
+//     failover (25006, 0A000), a rotated password or a NOLOGIN role (28P01,
+//     28000), a renamed database (3D000), a revoked grant (42501), a
+//     missing migration or function (42P01, 42883), lock or statement
+//     timeouts (55P03, 57014), I/O errors (58030), internal errors (XX000),
+//     serialization failures and deadlocks (40001, 40P01), and errors that
+//     are not the server's at all (a refused or reset connection, a timed
+//     out attempt). A code nobody listed falls here too: an outage must
+//     never turn good events into dead letters.
 func translate(err error) error {
 	var pqErr *pq.Error
-	switch {
-	case err == nil:
+	if err == nil {
 		return nil
-	case errors.As(err, &pqErr) && pqErr.Code == transitionCode:
-		return consumer.Transition(errors.New(pqErr.Message))
-	case isTransient(err):
-		return consumer.Transient(err)
 	}
-	return err
-}
-
-func isTransient(err error) bool {
-	var pqErr *pq.Error
 	if errors.As(err, &pqErr) {
-		switch pqErr.Code.Class() {
-		case "08", // connection exception
-			"40", // transaction rollback: 40001 serialization, 40P01 deadlock
-			"53", // insufficient resources: too many connections, disk full
-			"57": // operator intervention: admin shutdown, crash shutdown, cannot connect now
-			return true
+		switch {
+		case pqErr.Code == transitionCode:
+			return consumer.Transition(errors.New(pqErr.Message))
+		case pqErr.Code.Class() == "22", pqErr.Code.Class() == "23":
+			return consumer.Rejected(fmt.Errorf("the database refused the event's data: %w", err))
 		}
-		return false
 	}
-	var netErr net.Error
-	switch {
-	case errors.Is(err, driver.ErrBadConn),
-		errors.Is(err, io.EOF),
-		errors.Is(err, io.ErrUnexpectedEOF),
-		errors.Is(err, syscall.ECONNREFUSED),
-		errors.Is(err, syscall.ECONNRESET),
-		errors.Is(err, syscall.EPIPE),
-		errors.Is(err, context.DeadlineExceeded), // one attempt timed out
-		errors.As(err, &netErr):
-		return true
-	}
-	return false
+	return consumer.Transient(err)
 }
 
-// inTx runs fn in a transaction and commits it, or rolls it back and returns
-// fn's error joined with any rollback error.
+// readCommitted is the isolation every transaction of the service runs at,
+// whatever default_transaction_isolation the database or role sets:
+// apply_event takes the transfer's advisory lock and then reads the
+// transfer's row, which only READ COMMITTED's fresh snapshot per statement
+// makes safe (under REPEATABLE READ the row read after the lock could be
+// older than the lock).
+var readCommitted = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+
+// inTx runs fn in a READ COMMITTED transaction and commits it, or rolls it
+// back and returns fn's error joined with any rollback error.
 func inTx(ctx context.Context, db interface {
 	BeginTxx(context.Context, *sql.TxOptions) (*sqlx.Tx, error)
 }, fn func(*sqlx.Tx) error) error {
-	tx, err := db.BeginTxx(ctx, nil)
+	tx, err := db.BeginTxx(ctx, readCommitted)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,11 +14,12 @@ import (
 	"transferconsumer/db"
 )
 
-// A message whose handling always fails with an unknown error is requeued
-// with Reject until the quorum queue's delivery limit dead-letters it: after
-// exactly limit+1 deliveries, with reason delivery_limit. The event behind it
-// on the same queue is applied.
-func TestUnknownErrorEndsInDLQAtTheDeliveryLimit(t *testing.T) {
+// A message whose handling makes the process panic is requeued with Reject
+// until the quorum queue's delivery limit dead-letters it: after exactly
+// limit+1 deliveries, with reason delivery_limit. The event behind it on the
+// same queue is applied. The limit is the guard against a crash loop, and
+// only against that.
+func TestCrashLoopEndsInDLQAtTheDeliveryLimit(t *testing.T) {
 	e := newEnv(t)
 	e.limit = 3
 	inbox := db.NewInbox(e.db)
@@ -26,7 +28,8 @@ func TestUnknownErrorEndsInDLQAtTheDeliveryLimit(t *testing.T) {
 	app := applierFunc(func(ctx context.Context, ev consumer.Event) (consumer.Result, error) {
 		if ev.ID == broken {
 			attempts.Add(1)
-			return consumer.Result{}, errors.New("a bug nobody classified")
+			var m map[string]int
+			m[ev.ID]++ // a bug that only this message reaches
 		}
 		return inbox.Apply(ctx, ev)
 	})
@@ -42,14 +45,14 @@ func TestUnknownErrorEndsInDLQAtTheDeliveryLimit(t *testing.T) {
 		ds := svc.rec.of(good.EventID)
 		return len(ds) == 1 && ds[0].Action == consumer.ActionAck
 	})
-	waitFor(t, 10*time.Second, "the failing event in the DLQ", func() bool { return len(e.peekDLQ()) == 1 })
+	waitFor(t, 10*time.Second, "the crashing event in the DLQ", func() bool { return len(e.peekDLQ()) == 1 })
 
 	if got, want := attempts.Load(), int64(e.limit+1); got != want {
-		t.Errorf("the failing event was delivered %d times, want limit+1 = %d", got, want)
+		t.Errorf("the crashing event was delivered %d times, want limit+1 = %d", got, want)
 	}
 	for i, d := range svc.rec.of(bad.EventID) {
-		if d.Action != consumer.ActionRequeue || d.Class != consumer.ClassUnknown || d.DeliveryCount != int64(i) {
-			t.Errorf("delivery %d: want requeue of an unknown error with x-delivery-count %d, got %+v", i, i, d)
+		if d.Action != consumer.ActionRequeue || d.Class != consumer.ClassPanic || d.DeliveryCount != int64(i) {
+			t.Errorf("delivery %d: want requeue of a panic with x-delivery-count %d, got %+v", i, i, d)
 		}
 	}
 	m := e.peekDLQ()[0]
@@ -58,6 +61,50 @@ func TestUnknownErrorEndsInDLQAtTheDeliveryLimit(t *testing.T) {
 	}
 	if got := e.balance("acc_v_" + e.name); got != 20 {
 		t.Errorf("balance = %d, want 20 (only the good event)", got)
+	}
+}
+
+// An error nobody classified (a new driver error, a code path that fails
+// for every message) stops the line, it does not empty it: the message is
+// retried in place far past the delivery limit, the queue is reported
+// blocked, nothing is dead-lettered, and once the cause is gone the event is
+// applied on its first delivery.
+func TestUnclassifiedErrorBlocksTheQueueInsteadOfDeadLettering(t *testing.T) {
+	e := newEnv(t)
+	e.limit = 2
+	inbox := db.NewInbox(e.db)
+	var fixed atomic.Bool
+	app := applierFunc(func(ctx context.Context, ev consumer.Event) (consumer.Result, error) {
+		if !fixed.Load() {
+			return consumer.Result{}, errors.New("a bug nobody classified")
+		}
+		return inbox.Apply(ctx, ev)
+	})
+	svc := e.start(2, app)
+	tr := newTransfer("acc_uc_"+e.name, "acc_ud_"+e.name, 42)
+	e.publish(tr)
+	waitFor(t, 30*time.Second, "retries far past the delivery limit", func() bool {
+		return svc.retries.Load() >= int64(5*(e.limit+1))
+	})
+	if n := svc.rec.count(); n != 0 {
+		t.Errorf("%d decisions while the bug lasts, want none", n)
+	}
+	if b := svc.svc.State().Blocked; len(b) != 1 || b[0].Class != consumer.ClassUnknown || b[0].EventID != tr.EventID {
+		t.Errorf("blocked queues = %+v, want the event's queue, class unknown", b)
+	}
+	fixed.Store(true)
+	waitFor(t, 30*time.Second, "the event applied once fixed", func() bool { return len(svc.rec.of(tr.EventID)) == 1 })
+	if d := svc.rec.of(tr.EventID)[0]; d.Action != consumer.ActionAck || d.DeliveryCount != 0 || d.Redelivered {
+		t.Errorf("want applied on its first delivery, got %+v", d)
+	}
+	if b := svc.svc.State().Blocked; len(b) != 0 {
+		t.Errorf("still reported blocked: %+v", b)
+	}
+	if got := e.balance(tr.Data.ToAccount); got != 42 {
+		t.Errorf("balance = %d, want 42", got)
+	}
+	if n := len(e.peekDLQ()); n != 0 {
+		t.Errorf("DLQ holds %d, want none", n)
 	}
 }
 
@@ -150,5 +197,44 @@ func TestProducerConflictIsDeadLetteredAndCounted(t *testing.T) {
 	msgs := e.peekDLQ()
 	if len(msgs) != 1 || msgs[0].header("x-failure-class") != "producer-conflict" {
 		t.Fatalf("DLQ = %+v, want the forged version as producer-conflict", msgs)
+	}
+}
+
+// An event whose values our own statement refuses, the same way on every
+// attempt (here 22003: the target's balance would overflow a BIGINT), is
+// the message's fault: dead-lettered on its first delivery with the
+// service's reason headers, never applied, and the queue goes on.
+func TestDataTheDatabaseRejectsIsDeadLetteredAtOnce(t *testing.T) {
+	e := newEnv(t)
+	rich := "acc_rich_" + e.name
+	e.db.MustExec(`INSERT INTO balance_projection (account, balance_minor) VALUES ($1, 9223372036854775000)`, rich)
+	svc := e.start(2, nil)
+	from := "acc_f_" + e.name
+	overflow, after := newTransfer(from, rich, 10_000), newTransfer(from, "acc_g_"+e.name, 5)
+	e.publish(overflow)
+	e.publish(after)
+	waitFor(t, 30*time.Second, "both decided", func() bool {
+		return len(svc.rec.of(overflow.EventID)) == 1 && len(svc.rec.of(after.EventID)) == 1
+	})
+	d := svc.rec.of(overflow.EventID)[0]
+	if d.Action != consumer.ActionDeadLetter || d.Class != consumer.ClassRejected || d.DeliveryCount != 0 || d.Retries != 0 {
+		t.Errorf("want dead-lettered as data-rejected on the first delivery, got %+v", d)
+	}
+	msgs := e.peekDLQ()
+	if len(msgs) != 1 {
+		t.Fatalf("DLQ holds %d, want the overflowing event", len(msgs))
+	}
+	m := msgs[0]
+	reason := fmt.Sprint(m.header("x-failure-reason"))
+	if m.header("x-failure-class") != "data-rejected" || !strings.Contains(reason, "out of range") ||
+		m.header("x-original-delivery-count") != float64(0) || m.RoutingKey != from {
+		t.Errorf("dead letter: class %v, reason %q, delivery count %v, key %q", m.header("x-failure-class"), reason,
+			m.header("x-original-delivery-count"), m.RoutingKey)
+	}
+	if n := e.inboxRows(overflow.EventID); n != 0 {
+		t.Errorf("the refused event left %d inbox rows, want 0", n)
+	}
+	if got := e.balance(from); got != -5 {
+		t.Errorf("source balance = %d, want -5 (the refused event not applied)", got)
 	}
 }

@@ -46,6 +46,13 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	return newEnvOn(t, shared.databaseURL)
+}
+
+// newEnvOn is newEnv with the test's database on the server of dbAdminURL
+// (a URL to a maintenance database there, as a user who may create one).
+func newEnvOn(t *testing.T, dbAdminURL string) *env {
+	t.Helper()
 	if unavailable != "" {
 		t.Skip(unavailable)
 	}
@@ -71,13 +78,13 @@ func newEnv(t *testing.T) *env {
 	e.amqpURL = u.String()
 
 	// Database, migrated with the files the binary embeds.
-	admin := sqlx.MustOpen("postgres", shared.databaseURL)
+	admin := sqlx.MustOpen("postgres", dbAdminURL)
 	t.Cleanup(func() { admin.Close() })
 	admin.MustExec("CREATE DATABASE " + pq.QuoteIdentifier(name))
 	t.Cleanup(func() {
 		_, _ = admin.Exec("DROP DATABASE IF EXISTS " + pq.QuoteIdentifier(name) + " WITH (FORCE)")
 	})
-	du, _ := url.Parse(shared.databaseURL)
+	du, _ := url.Parse(dbAdminURL)
 	du.Path = "/" + name
 	e.dbURL = du.String()
 	e.db, err = db.Open(context.Background(), e.dbURL, 10)
@@ -134,6 +141,7 @@ func (e *env) declare(queues int) {
 
 // service is a consumer running in the test process.
 type service struct {
+	svc      *consumer.Service
 	instance string
 	rec      *recorder
 	retries  atomic.Int64 // in-place retries of transient failures
@@ -183,7 +191,8 @@ func (e *env) startWith(queues int, app consumer.Applier, configure func(*consum
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- consumer.New(cfg, app).Run(ctx) }()
+	s.svc = consumer.New(cfg, app)
+	go func() { done <- s.svc.Run(ctx) }()
 	var once sync.Once
 	s.stop = func() {
 		once.Do(func() {

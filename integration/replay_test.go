@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -26,7 +25,7 @@ func TestReplayAfterFixIsSafe(t *testing.T) {
 	broken := "acc_broken_" + e.name
 	app := applierFunc(func(ctx context.Context, ev consumer.Event) (consumer.Result, error) {
 		if ev.Transfer.ToAccount == broken && !fixed.Load() {
-			return consumer.Result{}, errors.New("downstream rule rejects this account")
+			panic("a bug this account's events reach") // until it is fixed: a crash loop
 		}
 		return inbox.Apply(ctx, ev)
 	})

@@ -1,0 +1,93 @@
+package consumer
+
+import (
+	"context"
+	"log/slog"
+	"sort"
+	"time"
+)
+
+// Blocked is a queue whose message in hand keeps failing for a reason the
+// environment caused, or may have: the worker retries it in place, and the
+// queue takes nothing new until it passes (adr/0002). Readiness and metrics
+// show it, so that a stopped line raises an alarm instead of emptying into
+// the dead-letter queue.
+type Blocked struct {
+	Queue    string
+	EventID  string
+	Since    time.Time // the first failed attempt
+	Class    Class     // ClassTransient or ClassUnknown
+	Reason   string    // the last error
+	Attempts int
+}
+
+// blocked returns the queues blocked now, by name.
+func (s *Service) blocked() []Blocked {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Blocked, 0, len(s.blockedQ))
+	for _, b := range s.blockedQ {
+		out = append(out, b)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Queue < out[j].Queue })
+	return out
+}
+
+func (s *Service) setBlocked(b Blocked) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.blockedQ[b.Queue] = b
+}
+
+func (s *Service) clearBlocked(queue string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.blockedQ, queue)
+}
+
+// throttle says when a failure that repeats is due to be logged: once per
+// change of state (a first failure, another reason) and in between at a
+// slowing rate, after the 1st, 2nd, 4th, 8th… attempt and at least every
+// throttleQuietMax; never once per attempt.
+type throttle struct {
+	next   int
+	last   time.Time
+	reason string
+}
+
+const throttleQuietMax = 5 * time.Minute
+
+// due records failed attempt n (1-based) with reason and reports whether
+// to log it, and whether the reason changed from an earlier one.
+func (t *throttle) due(n int, reason string) (due, changed bool) {
+	now := time.Now()
+	changed = t.reason != "" && reason != t.reason
+	if n < t.next && reason == t.reason && now.Sub(t.last) < throttleQuietMax {
+		return false, false
+	}
+	t.last, t.reason = now, reason
+	for t.next <= n {
+		t.next = max(1, 2*t.next)
+	}
+	return true, changed
+}
+
+// logBlocked logs b's failed attempt when th says it is due: failures of
+// the environment as warnings, unclassified ones as errors, since only a
+// person can end those.
+func logBlocked(log *slog.Logger, th *throttle, b Blocked, delay time.Duration) {
+	due, changed := th.due(b.Attempts, b.Reason)
+	if !due {
+		return
+	}
+	level, msg := slog.LevelWarn, "queue blocked: the environment failed, retrying the message in place"
+	if b.Class == ClassUnknown {
+		level, msg = slog.LevelError, "queue blocked: unclassified failure, retrying the message in place until it is fixed"
+	}
+	if changed {
+		msg = "queue still blocked, for another reason"
+	}
+	log.Log(context.Background(), level, msg, "queue", b.Queue, "event_id", b.EventID, "class", string(b.Class),
+		"attempts", b.Attempts, "blocked_ms", time.Since(b.Since).Milliseconds(),
+		"next_retry_ms", delay.Milliseconds(), "err", b.Reason)
+}

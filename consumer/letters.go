@@ -1,0 +1,97 @@
+package consumer
+
+import (
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// letters publishes dead-letter copies on a broker connection of their own.
+// Under a memory or disk alarm the broker stops reading from every
+// connection that publishes: were the copies sent on the consuming
+// connection, one poison message would stall the acks of every queue, just
+// when draining would relieve the broker. On a connection of their own,
+// only the worker holding a dead letter waits for the alarm to pass; every
+// other queue goes on.
+type letters struct {
+	url, name string
+	log       *slog.Logger
+
+	mu   sync.Mutex
+	conn *amqp.Connection // nil until the first dead letter, and after it closed
+
+	alarm atomic.Pointer[string] // the broker's reason while it blocks the connection
+}
+
+// channel returns a new channel in confirm mode with its returns
+// registered, on the connection, which it dials when there is none yet or
+// the last one closed.
+func (p *letters) channel() (*amqp.Channel, <-chan amqp.Return, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn == nil || p.conn.IsClosed() {
+		conn, err := dial(p.url, p.name)
+		if err != nil {
+			return nil, nil, fmt.Errorf("connect for dead letters: %w", err)
+		}
+		blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 1))
+		go p.watch(blocked) // read until the connection closes, or it would stall
+		p.conn = conn
+	}
+	ch, err := p.conn.Channel()
+	if err != nil {
+		return nil, nil, fmt.Errorf("open dead-letter channel: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		return nil, nil, fmt.Errorf("confirm mode: %w", err)
+	}
+	return ch, ch.NotifyReturn(make(chan amqp.Return, 1)), nil
+}
+
+// watch follows the broker's connection.blocked and unblocked until the
+// connection closes.
+func (p *letters) watch(blocked <-chan amqp.Blocking) {
+	for b := range blocked {
+		if b.Active {
+			reason := b.Reason
+			p.alarm.Store(&reason)
+			p.log.Warn("broker blocks publishing (resource alarm): dead letters wait until it passes", "reason", reason)
+		} else {
+			p.alarm.Store(nil)
+			p.log.Info("broker unblocked publishing")
+		}
+	}
+	p.alarm.Store(nil)
+}
+
+// blockedBy returns the broker's reason for blocking the connection, or "".
+func (p *letters) blockedBy() string {
+	if r := p.alarm.Load(); r != nil {
+		return *r
+	}
+	return ""
+}
+
+// close closes the connection. A blocked connection does not read the
+// close either, so it is given a second and then dropped.
+func (p *letters) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.conn != nil {
+		_ = p.conn.CloseDeadline(time.Now().Add(time.Second))
+		p.conn = nil
+	}
+}
+
+// dial opens a broker connection named name in the management UI.
+func dial(url, name string) (*amqp.Connection, error) {
+	return amqp.DialConfig(url, amqp.Config{
+		Properties: amqp.Table{"connection_name": name},
+		Heartbeat:  10 * time.Second,
+		Locale:     "en_US",
+	})
+}
