@@ -160,41 +160,66 @@ func (l *lane) run(ctx context.Context, ev consumer.Event) (string, error) {
 
 	t := ev.Transfer
 	var outcome string
+	var cancelled, ended bool
+	end := func() {
+		if !ended {
+			ended, cancelled = true, l.end()
+		}
+	}
 	quiet := context.Background()
 	err = inTx(quiet, l.conn, func(tx *sqlx.Tx) error {
-		return tx.StmtContext(quiet, stmt.Stmt).QueryRowContext(quiet,
-			ev.ID, ev.Type, ev.Fingerprint, t.ID, t.FromAccount, t.ToAccount, t.AmountMinor, t.Currency).Scan(&outcome)
+		if err := tx.StmtContext(quiet, stmt.Stmt).QueryRowContext(quiet,
+			ev.ID, ev.Type, ev.Fingerprint, t.ID, t.FromAccount, t.ToAccount, t.AmountMinor, t.Currency).Scan(&outcome); err != nil {
+			return err
+		}
+		// The COMMIT is never cancelled: a cancel that lands while it waits
+		// for a synchronous standby makes PostgreSQL report success for a
+		// commit that is only local. So no cancel may start from here on,
+		// and a transaction a cancel was already sent for rolls back
+		// instead of committing; the event is retried.
+		end()
+		if cancelled {
+			return errCancelled
+		}
+		return nil
 	})
-
-	if l.timer != nil {
-		l.timer.Stop()
-	}
-	// A cancel being sent holds mu until it is sent; once we hold mu, no
-	// cancel can start for this transaction any more.
-	l.mu.Lock()
-	l.active = false
-	cancelled := l.cancelled
-	l.cancelled = false
-	l.mu.Unlock()
+	end()
 	switch {
 	case cancelled:
 		// The cancel may yet reach the server after this transaction ended:
-		// the connection must not run anyone's next statement. If the
-		// transaction committed before the cancel took effect, err is nil
-		// and the event is applied.
+		// the connection must not run anyone's next statement.
 		l.conn.Raw(func(any) error { return driver.ErrBadConn })
 		l.unpin()
-		if err != nil && ctx.Err() == nil {
+		if ctx.Err() == nil {
 			err = fmt.Errorf("%w (cancelled after %s)", err, l.timeout)
 		}
 	case err != nil:
-		// Rare (poison never gets this far): a fresh connection is simpler
-		// to trust than one that failed in a transaction.
+		// A fresh connection is simpler to trust than one that failed in a
+		// transaction.
 		l.unpin()
 	case !l.in.keepConns():
 		l.unpin()
 	}
 	return outcome, err
+}
+
+// errCancelled is the error of an attempt whose statement a cancel was sent
+// for: it is rolled back, never committed.
+var errCancelled = errors.New("attempt cancelled before its commit")
+
+// end ends the attempt's cancellable part: it stops the timer, and once it
+// holds mu no cancel can start for this transaction any more (a cancel
+// being sent holds mu until it is sent). It reports whether one was sent.
+func (l *lane) end() bool {
+	if l.timer != nil {
+		l.timer.Stop()
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.active = false
+	cancelled := l.cancelled
+	l.cancelled = false
+	return cancelled
 }
 
 // pin takes a connection for the lane and asks for its server process,

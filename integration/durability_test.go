@@ -1,0 +1,117 @@
+package integration
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+
+	"transferconsumer/consumer"
+	"transferconsumer/db"
+)
+
+// Durability and isolation do not depend on a DBA's defaults: whatever
+// ALTER DATABASE sets, an event's transaction commits with synchronous_commit
+// on (or stricter, kept) and runs at READ COMMITTED, which the advisory
+// lock then read in apply_event relies on. A trigger records what the
+// transaction saw.
+func TestTransactionsIgnoreWeakerDatabaseDefaults(t *testing.T) {
+	e := newEnv(t)
+	e.db.MustExec(`CREATE TABLE seen (sync TEXT, isolation TEXT)`)
+	e.db.MustExec(`CREATE FUNCTION record_settings() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			INSERT INTO seen VALUES (current_setting('synchronous_commit'), current_setting('transaction_isolation'));
+			RETURN NEW;
+		END $$`)
+	e.db.MustExec(`CREATE TRIGGER record_settings AFTER INSERT ON processed_event FOR EACH ROW EXECUTE FUNCTION record_settings()`)
+	tests := []struct {
+		sync, isolation         string // the database's defaults
+		wantSync, wantIsolation string // what the event's transaction ran with
+	}{
+		{"off", "serializable", "on", "read committed"},
+		{"local", "repeatable read", "on", "read committed"},
+		{"remote_write", "read committed", "on", "read committed"},
+		{"remote_apply", "repeatable read", "remote_apply", "read committed"},
+	}
+	for _, tt := range tests {
+		e.db.MustExec(`ALTER DATABASE ` + pq.QuoteIdentifier(e.name) + ` SET synchronous_commit = ` + pq.QuoteLiteral(tt.sync))
+		e.db.MustExec(`ALTER DATABASE ` + pq.QuoteIdentifier(e.name) + ` SET default_transaction_isolation = ` + pq.QuoteLiteral(tt.isolation))
+		fresh, err := db.Open(context.Background(), e.dbURL, 2) // new sessions take the new defaults
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sessionSync string
+		fresh.Get(&sessionSync, `SHOW synchronous_commit`)
+		if sessionSync != tt.sync {
+			t.Fatalf("the session's default is %q, want %q: the test would prove nothing", sessionSync, tt.sync)
+		}
+		ev, err := consumer.Decode(newTransfer("acc_d_"+e.name, "acc_e_"+e.name, 1).body(), "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.NewInbox(fresh).Apply(context.Background(), ev); err != nil {
+			t.Fatalf("defaults %s/%s: apply: %v", tt.sync, tt.isolation, err)
+		}
+		fresh.Close()
+		var got struct {
+			Sync      string `db:"sync"`
+			Isolation string `db:"isolation"`
+		}
+		e.db.Get(&got, `DELETE FROM seen RETURNING sync, isolation`)
+		if got.Sync != tt.wantSync || got.Isolation != tt.wantIsolation {
+			t.Errorf("defaults %s/%s: the event's transaction ran with %s/%s, want %s/%s",
+				tt.sync, tt.isolation, got.Sync, got.Isolation, tt.wantSync, tt.wantIsolation)
+		}
+	}
+}
+
+// A COMMIT is never cancelled: cancelled while it waits for a synchronous
+// standby, PostgreSQL would report success for a commit that is only local.
+// Here no standby ever answers (and the database's default says
+// synchronous_commit off, which the service overrides): the commit waits far
+// past APPLY_TIMEOUT, the event stays in hand, and once the standby
+// requirement is lifted it is acked, applied once.
+func TestCommitWaitingForAStandbyIsNeverCancelled(t *testing.T) {
+	cluster := newPGCluster(t)
+	e := newEnvOn(t, cluster.adminURL())
+	admin := sqlx.MustOpen("postgres", cluster.adminURL())
+	t.Cleanup(func() { admin.Close() }) // after the reset below: cleanups run last-in, first-out
+	e.db.MustExec(`ALTER DATABASE ` + pq.QuoteIdentifier(e.name) + ` SET synchronous_commit = off`)
+	admin.MustExec(`ALTER SYSTEM SET synchronous_standby_names = 'nobody'`)
+	admin.MustExec(`SELECT pg_reload_conf()`)
+	t.Cleanup(func() {
+		admin.Exec(`ALTER SYSTEM RESET synchronous_standby_names`)
+		admin.Exec(`SELECT pg_reload_conf()`)
+	})
+	service, err := db.Open(context.Background(), e.dbURL, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer service.Close()
+	const applyTimeout = 200 * time.Millisecond
+	svc := e.startWith(1, db.NewInbox(service), func(c *consumer.Config) { c.ApplyTimeout = applyTimeout })
+	tr := newTransfer("acc_s_"+e.name, "acc_t_"+e.name, 3)
+	e.publish(tr)
+
+	waitFor(t, 30*time.Second, "the commit waiting for the standby for 5× APPLY_TIMEOUT", func() bool {
+		var waiting bool
+		admin.Get(&waiting, `SELECT count(*) > 0 FROM pg_stat_activity
+			WHERE datname = $1 AND wait_event = 'SyncRep' AND now() - xact_start > $2::interval`,
+			e.name, (5 * applyTimeout).String())
+		return waiting
+	})
+	if n := svc.rec.count(); n != 0 {
+		t.Fatalf("decided while the commit waited for the standby: %+v", svc.rec.all)
+	}
+	admin.MustExec(`ALTER SYSTEM RESET synchronous_standby_names`)
+	admin.MustExec(`SELECT pg_reload_conf()`)
+	waitFor(t, 30*time.Second, "the event acked once the commit returned", func() bool { return len(svc.rec.of(tr.EventID)) == 1 })
+	if d := svc.rec.of(tr.EventID)[0]; d.Action != consumer.ActionAck || d.Retries != 0 {
+		t.Errorf("want applied by the first attempt, its commit uncancelled, got %+v", d)
+	}
+	if got := e.balance(tr.Data.ToAccount); got != 3 {
+		t.Errorf("balance = %d, want 3", got)
+	}
+}
