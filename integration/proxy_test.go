@@ -52,7 +52,10 @@ func (p *proxy) serve(ln net.Listener) {
 }
 
 func (p *proxy) pipe(client net.Conn) {
-	server, err := net.Dial("tcp", p.target)
+	p.mu.Lock()
+	target := p.target
+	p.mu.Unlock()
+	server, err := net.Dial("tcp", target)
 	if err != nil {
 		client.Close()
 		return
@@ -99,4 +102,16 @@ func (p *proxy) up() {
 		p.t.Fatalf("proxy up again on %s: %v", p.addr, err)
 	}
 	p.serve(ln)
+}
+
+// retarget sends new connections to target from now on and resets the open
+// ones, as a DNS name that moved to another server would.
+func (p *proxy) retarget(target string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.target = target
+	for c := range p.conns {
+		c.Close()
+		delete(p.conns, c)
+	}
 }

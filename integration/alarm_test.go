@@ -1,0 +1,96 @@
+package integration
+
+import (
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"transferconsumer/dlq"
+)
+
+// Under a memory alarm the broker blocks every connection that publishes.
+// Dead-letter copies go out on a connection of their own, so a poison
+// message holds only its own queue: the events on the other queue are
+// applied and acked during the alarm, and the poison reaches the DLQ, with
+// the service's reason headers, once the alarm has passed. Nothing is lost.
+func TestAlarmHoldsOnlyThePoisonsQueue(t *testing.T) {
+	e := newEnv(t)
+	ctl := rabbitmqctl(t)
+	e.declare(2)
+	top := e.topology(2)
+	e.publishRaw(prefix, "acc_poison_"+e.name, []byte(`{"eventId": "not json`), "")
+	poisoned := 0
+	if e.ready(top.Queue(1)) == 1 {
+		poisoned = 1
+	}
+	events := e.publishMany(40, 8)
+	behind := e.ready(top.Queue(poisoned)) - 1 // valid events queued behind the poison
+	if behind == len(events) {
+		t.Fatalf("every event went to the poison's queue; the test needs some on the other")
+	}
+
+	clearAlarm := setMemoryAlarm(t, ctl)
+	svc := e.start(2, nil)
+	waitFor(t, 60*time.Second, "the events on the other queue applied during the alarm", func() bool {
+		return e.inboxCount() == len(events)-behind
+	})
+	if !memoryAlarm(t) {
+		t.Fatal("the alarm passed before the test could look: the result proves nothing")
+	}
+	if n := e.ready(dlq.Queue(prefix)); n != 0 {
+		t.Errorf("DLQ holds %d during the alarm, want 0: the copy cannot have been published", n)
+	}
+	if st := svc.svc.State(); st.PublishBlocked == "" {
+		t.Errorf("state does not report the blocked dead-letter connection: %+v", st)
+	}
+
+	clearAlarm()
+	waitFor(t, 60*time.Second, "every event applied and the poison in the DLQ", func() bool {
+		return e.inboxCount() == len(events) && e.ready(dlq.Queue(prefix)) == 1
+	})
+	if m := e.peekDLQ()[0]; m.header("x-failure-class") != "poison" {
+		t.Errorf("dead letter class %v, want poison (the service's own copy)", m.header("x-failure-class"))
+	}
+	e.checkBalances(events)
+}
+
+// setMemoryAlarm sets the broker's memory watermark so low that its memory
+// alarm goes off, and waits for it. The returned function, also run when
+// the test ends, puts the watermark back and waits for the alarm to clear.
+func setMemoryAlarm(t *testing.T, ctl brokerCtl) (clear func()) {
+	t.Helper()
+	// {absolute, Bytes} or a fraction, as the broker prints it.
+	previous := strings.TrimSpace(ctl.run(t, "eval", "vm_memory_monitor:get_vm_memory_high_watermark()."))
+	restore := []string{"set_vm_memory_high_watermark", previous}
+	if rest, ok := strings.CutPrefix(previous, "{absolute,"); ok {
+		restore = []string{"set_vm_memory_high_watermark", "absolute", strings.Trim(rest, "} ")}
+	}
+	var once sync.Once
+	clear = func() {
+		once.Do(func() {
+			ctl.run(t, restore...)
+			waitFor(t, 30*time.Second, "the memory alarm to clear", func() bool { return !memoryAlarm(t) })
+		})
+	}
+	t.Cleanup(clear)
+	ctl.run(t, "set_vm_memory_high_watermark", "0.000001")
+	waitFor(t, 30*time.Second, "the memory alarm", func() bool { return memoryAlarm(t) })
+	return clear
+}
+
+// memoryAlarm reports whether any broker node is in memory alarm.
+func memoryAlarm(t *testing.T) bool {
+	t.Helper()
+	var nodes []struct {
+		MemAlarm bool `json:"mem_alarm"`
+	}
+	mgmt(t, http.MethodGet, "/api/nodes?columns=mem_alarm", nil, &nodes)
+	for _, n := range nodes {
+		if n.MemAlarm {
+			return true
+		}
+	}
+	return false
+}
