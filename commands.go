@@ -13,6 +13,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"transferconsumer/consumer"
 	"transferconsumer/db"
 	"transferconsumer/dlq"
 )
@@ -97,11 +98,9 @@ func repartitionCommand(ctx context.Context, cfg config, args []string, stdout i
 }
 
 func dial(cfg config, purpose string) (*amqp.Connection, error) {
-	conn, err := amqp.DialConfig(cfg.AMQPURL, amqp.Config{
-		Properties: amqp.Table{"connection_name": cfg.instance() + "-" + purpose},
-	})
+	conn, _, err := consumer.Dial(cfg.amqpURLs(), 0, cfg.instance()+"-"+purpose)
 	if err != nil {
-		return nil, fmt.Errorf("connect to broker at %s: %w", redact(cfg.AMQPURL), err)
+		return nil, fmt.Errorf("connect to broker at %s: %s", redact(cfg.AMQPURL), redactErr(err))
 	}
 	return conn, nil
 }

@@ -19,7 +19,7 @@ import (
 
 // config is every setting, each an environment variable; --help prints them.
 type config struct {
-	AMQPURL         string        `envconfig:"AMQP_URL" default:"amqp://guest:guest@localhost:5672/" desc:"RabbitMQ URL, vhost included"`
+	AMQPURL         string        `envconfig:"AMQP_URL" default:"amqp://guest:guest@localhost:5672/" desc:"RabbitMQ URL, vhost included; for a cluster, one URL per node, comma-separated, tried in turn (on loss the service moves to the next)"`
 	DatabaseURL     string        `envconfig:"DATABASE_URL" default:"postgres://postgres@localhost:5432/transfers?sslmode=disable" desc:"PostgreSQL URL; the database is created if missing (when the user may)"`
 	QueueCount      int           `envconfig:"QUEUE_COUNT" default:"8" desc:"partition queues PREFIX.0 … PREFIX.(N-1) bound to the hash exchange"`
 	Prefix          string        `envconfig:"TOPOLOGY_PREFIX" default:"transfers" desc:"name of the hash exchange and prefix of the queues, PREFIX.dlx and PREFIX.dlq"`
@@ -57,8 +57,10 @@ func (c config) validate() error {
 	bad := func(name, format string, a ...any) error {
 		return fmt.Errorf("configuration: %s: %s", name, fmt.Sprintf(format, a...))
 	}
-	if _, err := amqp.ParseURI(c.AMQPURL); err != nil {
-		return bad("AMQP_URL", "not an AMQP URL: %v", redactErr(err))
+	for i, u := range c.amqpURLs() {
+		if _, err := amqp.ParseURI(u); err != nil {
+			return bad("AMQP_URL", "URL %d is not an AMQP URL: %v", i+1, redactErr(err))
+		}
 	}
 	if u, err := url.Parse(c.DatabaseURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" {
 		return bad("DATABASE_URL", "want postgres://user@host:port/database?sslmode=…, got %q", redact(c.DatabaseURL))
@@ -98,6 +100,20 @@ func (c config) validate() error {
 	return nil
 }
 
+// amqpURLs returns AMQP_URL's URLs: one, or one per node of a cluster.
+func (c config) amqpURLs() []string {
+	var urls []string
+	for _, u := range strings.Split(c.AMQPURL, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			urls = append(urls, u)
+		}
+	}
+	if len(urls) == 0 {
+		return []string{""} // ParseURI says what is wrong with it
+	}
+	return urls
+}
+
 func (c config) instance() string {
 	if c.InstanceName != "" {
 		return c.InstanceName
@@ -125,7 +141,7 @@ func (c config) topology() consumer.Topology {
 
 func (c config) consumerConfig(log *slog.Logger) consumer.Config {
 	return consumer.Config{
-		URL:             c.AMQPURL,
+		URLs:            c.amqpURLs(),
 		Topology:        c.topology(),
 		Declare:         c.DeclareTopology,
 		Instance:        c.instance(),
@@ -174,13 +190,19 @@ func newLogger(c config, w io.Writer) (*slog.Logger, func() error, error) {
 	return slog.New(flushAbove{h, slog.LevelWarn, sink}), sink.Close, nil
 }
 
-// redact hides the password of a URL, so no log line or error carries it.
+// redact hides the password of a URL, or of each in a comma-separated
+// list, so no log line or error carries it.
 func redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return "(unparsable URL)"
+	parts := strings.Split(raw, ",")
+	for i, p := range parts {
+		u, err := url.Parse(strings.TrimSpace(p))
+		if err != nil {
+			parts[i] = "(unparsable URL)"
+			continue
+		}
+		parts[i] = u.Redacted()
 	}
-	return u.Redacted()
+	return strings.Join(parts, ",")
 }
 
 // userinfo matches the user:password@ part of a URL inside any text.

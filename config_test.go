@@ -15,6 +15,7 @@ func TestConfigRejectsBadValuesNamingTheVariable(t *testing.T) {
 		{map[string]string{"QUEUE_COUNT": "many"}, "QUEUE_COUNT"},
 		{map[string]string{"AMQP_URL": "http://broker"}, "AMQP_URL"},
 		{map[string]string{"AMQP_URL": "amqp://u:s3cret@[::1"}, "AMQP_URL"},
+		{map[string]string{"AMQP_URL": "amqp://u:s3cret@node1/, http://node2/"}, "AMQP_URL: URL 2"},
 		{map[string]string{"DATABASE_URL": "mysql://db"}, "DATABASE_URL"},
 		{map[string]string{"DATABASE_URL": "::"}, "DATABASE_URL"},
 		{map[string]string{"DELIVERY_LIMIT": "0"}, "DELIVERY_LIMIT"},
@@ -65,8 +66,22 @@ func TestHelpListsEveryVariable(t *testing.T) {
 }
 
 func TestRedactHidesPasswords(t *testing.T) {
-	if got := redact("amqp://user:s3cret@host:5672/vh"); strings.Contains(got, "s3cret") {
-		t.Errorf("redact kept the password: %s", got)
+	for _, raw := range []string{"amqp://user:s3cret@host:5672/vh", "amqp://u:s3cret@n1/,amqp://u:s3cret@n2/"} {
+		if got := redact(raw); strings.Contains(got, "s3cret") {
+			t.Errorf("redact kept the password: %s", got)
+		}
+	}
+}
+
+// AMQP_URL may list a cluster's nodes; each is an AMQP URL of its own.
+func TestAMQPURLListsNodes(t *testing.T) {
+	t.Setenv("AMQP_URL", "amqp://g:g@n1:5672/, amqp://g:g@n2:5672/,amqp://g:g@n3:5672/")
+	c, err := loadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.consumerConfig(nil).URLs; len(got) != 3 || got[1] != "amqp://g:g@n2:5672/" {
+		t.Errorf("URLs = %q, want the three nodes in order", got)
 	}
 }
 

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -18,8 +19,10 @@ import (
 // only the worker holding a dead letter waits for the alarm to pass; every
 // other queue goes on.
 type letters struct {
-	url, name string
-	log       *slog.Logger
+	urls  []string // the broker's nodes
+	first int      // the node to try first: the consuming connection's
+	name  string
+	log   *slog.Logger
 
 	mu   sync.Mutex
 	conn *amqp.Connection // nil until the first dead letter, and after it closed
@@ -34,7 +37,7 @@ func (p *letters) channel() (*amqp.Channel, <-chan amqp.Return, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.conn == nil || p.conn.IsClosed() {
-		conn, err := dial(p.url, p.name)
+		conn, _, err := Dial(p.urls, p.first, p.name)
 		if err != nil {
 			return nil, nil, fmt.Errorf("connect for dead letters: %w", err)
 		}
@@ -87,11 +90,27 @@ func (p *letters) close() {
 	}
 }
 
-// dial opens a broker connection named name in the management UI.
-func dial(url, name string) (*amqp.Connection, error) {
-	return amqp.DialConfig(url, amqp.Config{
-		Properties: amqp.Table{"connection_name": name},
-		Heartbeat:  10 * time.Second,
-		Locale:     "en_US",
-	})
+// Dial opens a broker connection named name in the management UI to the
+// first of urls that answers, trying them in turn from urls[first], and
+// returns it with the index of the URL it used. A cluster's nodes are
+// listed so that losing one does not stop the service. When none answers,
+// the error names each failure.
+func Dial(urls []string, first int, name string) (*amqp.Connection, int, error) {
+	var errs []error
+	for k := range urls {
+		i := (first + k) % len(urls)
+		conn, err := amqp.DialConfig(urls[i], amqp.Config{
+			Properties: amqp.Table{"connection_name": name},
+			Heartbeat:  10 * time.Second,
+			Locale:     "en_US",
+		})
+		if err == nil {
+			return conn, i, nil
+		}
+		if len(urls) > 1 {
+			err = fmt.Errorf("node %d of %d: %w", i+1, len(urls), err)
+		}
+		errs = append(errs, err)
+	}
+	return nil, 0, errors.Join(errs...)
 }

@@ -56,7 +56,10 @@ type Result struct {
 
 // Config configures a Service.
 type Config struct {
-	URL      string // AMQP URL, vhost included
+	// URLs are the broker's AMQP URLs, vhost included: one, or one per node
+	// of a cluster. Each session connects to the first that answers,
+	// starting after the one the last session lost.
+	URLs     []string
 	Topology Topology
 	Declare  bool   // declare the topology on every (re)connect
 	Instance string // connection name, consumer tags, dead-letter headers
@@ -131,6 +134,7 @@ type Service struct {
 	connected atomic.Bool
 	consuming atomic.Int32
 	letters   atomic.Pointer[letters] // the session's dead-letter connection
+	next      int                     // the URL the next session tries first; Run's alone
 
 	mu       sync.Mutex
 	blockedQ map[string]Blocked // by queue
@@ -229,15 +233,19 @@ func (s *Service) session(stop, work context.Context) error {
 	if err := s.awaitHealthy(stop); err != nil {
 		return err
 	}
-	conn, err := dial(s.cfg.URL, s.cfg.Instance)
+	conn, used, err := Dial(s.cfg.URLs, s.next, s.cfg.Instance)
 	if err != nil {
 		return fmt.Errorf("connect to broker: %w", err)
 	}
 	defer conn.Close()
+	s.next = (used + 1) % len(s.cfg.URLs) // should this session be lost, try another node first
+	if len(s.cfg.URLs) > 1 {
+		s.log.Info("connected to broker", "node", fmt.Sprintf("%d of %d", used+1, len(s.cfg.URLs)))
+	}
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	s.connected.Store(true)
 	defer s.connected.Store(false)
-	letters := &letters{url: s.cfg.URL, name: s.cfg.Instance + " dead-letters", log: s.log}
+	letters := &letters{urls: s.cfg.URLs, first: used, name: s.cfg.Instance + " dead-letters", log: s.log}
 	s.letters.Store(letters)
 	defer letters.close()
 
