@@ -38,8 +38,16 @@ func (t Topology) QueueArgs() amqp.Table {
 		// the broker silently falls back to at-most-once.
 		"x-dead-letter-strategy": "at-least-once",
 		"x-overflow":             "reject-publish",
+		// In a cluster, each new queue's leader goes to the node that
+		// leads the fewest, not to the node the declaring connection is
+		// on: the queues' work and a node's loss spread over the cluster.
+		leaderLocator: "balanced",
 	}
 }
+
+// leaderLocator is the one argument a queue declared before it existed may
+// lack: Declare accepts such a queue as it is.
+const leaderLocator = "x-queue-leader-locator"
 
 // TopologyError is a topology the service cannot use as it stands: a missing
 // plugin or a queue declared elsewhere with other arguments. Retrying cannot
@@ -64,7 +72,7 @@ func (t Topology) Declare(conn *amqp.Connection) error {
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
-	defer ch.Close()
+	defer func() { ch.Close() }() // the channel in use at the end: declareQueue may replace it
 
 	version, _ := conn.Properties["version"].(string)
 	if err := dlq.Declare(ch, t.Prefix, version); err != nil {
@@ -80,12 +88,7 @@ func (t Topology) Declare(conn *amqp.Connection) error {
 	}
 	for i := 0; i < t.Queues; i++ {
 		q := t.Queue(i)
-		if _, err := ch.QueueDeclare(q,
-			true,  // durable
-			false, // auto-delete
-			false, // exclusive
-			false, // no-wait
-			t.QueueArgs()); err != nil {
+		if ch, err = declareQueue(conn, ch, q, t.QueueArgs()); err != nil {
 			return translateDeclareError("queue "+q, err)
 		}
 		// The binding key of a consistent-hash exchange is the weight.
@@ -94,6 +97,40 @@ func (t Topology) Declare(conn *amqp.Connection) error {
 		}
 	}
 	return nil
+}
+
+// declareQueue declares a partition queue durable with args. A queue
+// declared before the leader locator was one of its arguments is refused
+// for that argument alone (406, which closes the channel): it is then
+// declared again, on a new channel, without it. It returns the channel to
+// go on with.
+func declareQueue(conn *amqp.Connection, ch *amqp.Channel, name string, args amqp.Table) (*amqp.Channel, error) {
+	declare := func(ch *amqp.Channel, args amqp.Table) error {
+		_, err := ch.QueueDeclare(name,
+			true,  // durable
+			false, // auto-delete
+			false, // exclusive
+			false, // no-wait
+			args)
+		return err
+	}
+	err := declare(ch, args)
+	var ae *amqp.Error
+	if !errors.As(err, &ae) || ae.Code != amqp.PreconditionFailed || !strings.Contains(ae.Reason, "'"+leaderLocator+"'") {
+		return ch, err
+	}
+	fresh, err := conn.Channel()
+	if err != nil {
+		return ch, fmt.Errorf("open channel: %w", err)
+	}
+	ch = fresh
+	older := amqp.Table{}
+	for k, v := range args {
+		if k != leaderLocator {
+			older[k] = v
+		}
+	}
+	return ch, declare(ch, older)
 }
 
 var inequivalent = regexp.MustCompile(`inequivalent arg '([^']+)' for (queue|exchange) '([^']+)'`)

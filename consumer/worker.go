@@ -101,10 +101,18 @@ func (w *worker) handle(session context.Context, d amqp.Delivery) error {
 			// its deliveries. The broker takes the two in order.
 			_ = w.ch.Cancel(w.tag, false)
 		}
-		// Reject, not Nack: on every broker version (4.3+ included) a
-		// rejected requeue counts toward the quorum queue's delivery limit,
-		// which is what ends a crash loop.
-		sendErr = d.Reject(true)
+		if dec.Class == ClassPanic {
+			// Reject: on every broker version (4.3+ included) a rejected
+			// requeue counts toward the quorum queue's delivery limit,
+			// which is what ends a crash loop.
+			sendErr = d.Reject(true)
+		} else {
+			// Shutdown, or a broker session that ended while the
+			// environment failed: not the message's doing. From 4.3 a
+			// nacked requeue does not count toward the delivery limit;
+			// before, both count the same.
+			sendErr = d.Nack(false, true)
+		}
 	}
 	dec.Duration = time.Since(start)
 	w.log(dec, sendErr)
@@ -232,7 +240,7 @@ func (w *worker) deadLetter(d amqp.Delivery, dec Decision) (Action, error) {
 	case errors.Is(context.Cause(w.work), ErrShutdown):
 		w.svc.log.Warn("shutdown before the dead-letter copy was confirmed; requeued",
 			"queue", w.queue, "event_id", dec.EventID)
-		return ActionRequeue, d.Reject(true)
+		return ActionRequeue, d.Nack(false, true)
 	}
 	w.svc.log.Error("dead-letter copy not confirmed, rejecting to the broker's dead-lettering",
 		"queue", w.queue, "event_id", dec.EventID, "err", err)

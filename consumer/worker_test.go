@@ -18,8 +18,9 @@ type fakeAck struct {
 }
 
 func (f *fakeAck) Ack(uint64, bool) error { f.acks++; return nil }
-func (f *fakeAck) Nack(uint64, bool, bool) error {
+func (f *fakeAck) Nack(_ uint64, _ bool, requeue bool) error {
 	f.nacks++
+	f.requeued = requeue
 	return nil
 }
 func (f *fakeAck) Reject(_ uint64, requeue bool) error {
@@ -98,11 +99,11 @@ func TestHandleEndsInExactlyOneOutcome(t *testing.T) {
 			wantAction: ActionRequeue, wantClass: ClassPanic, want: fakeAck{rejects: 1, requeued: true}},
 		{name: "shutdown while the dead-letter copy waits for its confirm requeues", body: `nope`, results: []error{nil},
 			publishErr: context.Canceled, stopCopy: true,
-			wantAction: ActionRequeue, wantClass: ClassPoison, want: fakeAck{rejects: 1, requeued: true}, wantCopies: 1},
-		{name: "transient cut short by shutdown is requeued", body: validBody, results: []error{transient},
-			shutdown: true, wantAction: ActionRequeue, wantClass: ClassShutdown, want: fakeAck{rejects: 1, requeued: true}},
+			wantAction: ActionRequeue, wantClass: ClassPoison, want: fakeAck{nacks: 1, requeued: true}, wantCopies: 1},
+		{name: "transient cut short by shutdown is requeued with a nack, which 4.3+ does not count", body: validBody, results: []error{transient},
+			shutdown: true, wantAction: ActionRequeue, wantClass: ClassShutdown, want: fakeAck{nacks: 1, requeued: true}},
 		{name: "unknown during shutdown is requeued, not dead-lettered", body: validBody, results: []error{errors.New("boom")},
-			shutdown: true, wantAction: ActionRequeue, wantClass: ClassShutdown, want: fakeAck{rejects: 1, requeued: true}},
+			shutdown: true, wantAction: ActionRequeue, wantClass: ClassShutdown, want: fakeAck{nacks: 1, requeued: true}},
 		{name: "applied during shutdown is acked", body: validBody, results: []error{nil},
 			shutdown: true, wantAction: ActionAck, want: fakeAck{acks: 1}},
 	}
