@@ -112,7 +112,13 @@ func TestChaos(t *testing.T) {
 // publishPipelined publishes events to the hash exchange with up to 500
 // confirms outstanding, counting confirmed messages in published.
 func (e *env) publishPipelined(events []transfer, published *atomic.Int64) error {
-	conn, err := amqp.DialConfig(e.amqpURL, amqp.Config{Properties: amqp.Table{"connection_name": e.name + "-chaos-publisher"}})
+	return e.publishPipelinedTo(e.amqpURL, events, published)
+}
+
+// publishPipelinedTo is publishPipelined through the broker at amqpURL: one
+// node of a cluster.
+func (e *env) publishPipelinedTo(amqpURL string, events []transfer, published *atomic.Int64) error {
+	conn, err := amqp.DialConfig(amqpURL, amqp.Config{Properties: amqp.Table{"connection_name": e.name + "-publisher-pipelined"}})
 	if err != nil {
 		return err
 	}

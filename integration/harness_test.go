@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -41,41 +42,46 @@ type env struct {
 	db      *sqlx.DB
 	pub     *amqp.Channel // confirm-mode publisher of the test
 	returns chan amqp.Return
-	limit   int // the queues' delivery limit
+	limit   int     // the queues' delivery limit
+	b       backend // the broker (and, by default, the database server) it lives on
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	return newEnvOn(t, shared.databaseURL)
+	return newEnvWith(t, shared)
 }
 
 // newEnvOn is newEnv with the test's database on the server of dbAdminURL
 // (a URL to a maintenance database there, as a user who may create one).
 func newEnvOn(t *testing.T, dbAdminURL string) *env {
 	t.Helper()
+	b := shared
+	b.databaseURL = dbAdminURL
+	return newEnvWith(t, b)
+}
+
+// newEnvWith is newEnv on backend b: another broker, or a cluster.
+func newEnvWith(t *testing.T, b backend) *env {
+	t.Helper()
 	if unavailable != "" {
 		t.Skip(unavailable)
 	}
+	dbAdminURL := b.databaseURL
 	name := strings.ToLower(regexp.MustCompile(`[^A-Za-z0-9]+`).ReplaceAllString(t.Name(), "_"))
 	if len(name) > 40 {
 		name = name[:40]
 	}
 	name = "tc_" + name + "_" + randomSuffix()
-	e := &env{t: t, name: name, vhost: name, limit: 5}
+	e := &env{t: t, name: name, vhost: name, limit: 5, b: b}
 
 	// Vhost, with the admin user's permissions.
-	mgmt(t, http.MethodPut, "/api/vhosts/"+url.PathEscape(e.vhost), nil, nil)
-	user := adminUser()
-	mgmt(t, http.MethodPut, "/api/permissions/"+url.PathEscape(e.vhost)+"/"+url.PathEscape(user),
+	b.mgmt(t, http.MethodPut, "/api/vhosts/"+url.PathEscape(e.vhost), nil, nil)
+	user := b.adminUser()
+	b.mgmt(t, http.MethodPut, "/api/permissions/"+url.PathEscape(e.vhost)+"/"+url.PathEscape(user),
 		map[string]string{"configure": ".*", "write": ".*", "read": ".*"}, nil)
-	t.Cleanup(func() { mgmtQuiet(http.MethodDelete, "/api/vhosts/"+url.PathEscape(e.vhost)) })
-	u, err := url.Parse(shared.amqpURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.Path = "/" + e.vhost
-	u.RawPath = "/" + url.PathEscape(e.vhost)
-	e.amqpURL = u.String()
+	t.Cleanup(func() { b.mgmtQuiet(http.MethodDelete, "/api/vhosts/"+url.PathEscape(e.vhost)) })
+	e.amqpURL = e.vhostURL(b.amqpURL)
+	var err error
 
 	// Database, migrated with the files the binary embeds.
 	admin := sqlx.MustOpen("postgres", dbAdminURL)
@@ -98,6 +104,31 @@ func newEnvOn(t *testing.T, dbAdminURL string) *env {
 
 	e.openPublisher()
 	return e
+}
+
+// vhostURL returns the AMQP URL raw with the test's vhost as its path.
+func (e *env) vhostURL(raw string) string {
+	e.t.Helper()
+	u, err := url.Parse(raw)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	u.Path = "/" + e.vhost
+	u.RawPath = "/" + url.PathEscape(e.vhost)
+	return u.String()
+}
+
+// nodeURLs returns, for a cluster, one AMQP URL per node with the test's
+// vhost, in the backend's order; for a single broker, its URL alone.
+func (e *env) nodeURLs() []string {
+	if len(e.b.nodes) == 0 {
+		return []string{e.amqpURL}
+	}
+	out := make([]string, len(e.b.nodes))
+	for i, n := range e.b.nodes {
+		out[i] = e.vhostURL(n)
+	}
+	return out
 }
 
 // openPublisher opens the test's own publishing channel, in confirm mode, on
@@ -171,7 +202,7 @@ func (e *env) startWith(queues int, app consumer.Applier, configure func(*consum
 	}
 	s := &service{instance: e.name + "-svc-" + randomSuffix(), rec: &recorder{}}
 	cfg := consumer.Config{
-		URL:             e.amqpURL,
+		URLs:            []string{e.amqpURL},
 		Topology:        e.topology(queues),
 		Declare:         true,
 		Instance:        s.instance,
@@ -408,7 +439,7 @@ func (m dlqMessage) header(name string) any {
 func (e *env) peekDLQ() []dlqMessage {
 	e.t.Helper()
 	var out []dlqMessage
-	mgmt(e.t, http.MethodPost, "/api/queues/"+url.PathEscape(e.vhost)+"/"+url.PathEscape(dlq.Queue(prefix))+"/get",
+	e.b.mgmt(e.t, http.MethodPost, "/api/queues/"+url.PathEscape(e.vhost)+"/"+url.PathEscape(dlq.Queue(prefix))+"/get",
 		map[string]any{"count": 1000, "ackmode": "ack_requeue_true", "encoding": "auto"}, &out)
 	return out
 }
@@ -426,7 +457,7 @@ func (e *env) closeConnections(name string) {
 				Name string `json:"connection_name"`
 			} `json:"client_properties"`
 		}
-		mgmt(e.t, http.MethodGet, "/api/vhosts/"+url.PathEscape(e.vhost)+"/connections", nil, &conns)
+		e.b.mgmt(e.t, http.MethodGet, "/api/vhosts/"+url.PathEscape(e.vhost)+"/connections", nil, &conns)
 		found = found[:0]
 		for _, c := range conns {
 			if c.Props.Name == name {
@@ -436,41 +467,61 @@ func (e *env) closeConnections(name string) {
 		return len(found) > 0
 	})
 	for _, n := range found {
-		mgmt(e.t, http.MethodDelete, "/api/connections/"+url.PathEscape(n), nil, nil)
+		e.b.mgmt(e.t, http.MethodDelete, "/api/connections/"+url.PathEscape(n), nil, nil)
 	}
 }
 
-func adminUser() string {
-	u, err := url.Parse(shared.managementURL)
+func (b backend) adminUser() string {
+	u, err := url.Parse(b.managementURL)
 	if err != nil || u.User == nil {
 		return "guest"
 	}
 	return u.User.Username()
 }
 
-// mgmt calls the management HTTP API and decodes the answer into out.
+// mgmt calls the shared broker's management HTTP API and decodes the
+// answer into out.
 func mgmt(t *testing.T, method, path string, in, out any) {
 	t.Helper()
-	var body io.Reader
-	if in != nil {
-		b, _ := json.Marshal(in)
-		body = bytes.NewReader(b)
-	}
-	req, err := http.NewRequest(method, shared.managementURL+path, body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := doJSON(req, out); err != nil {
+	shared.mgmt(t, method, path, in, out)
+}
+
+// mgmt calls b's management HTTP API and decodes the answer into out.
+func (b backend) mgmt(t *testing.T, method, path string, in, out any) {
+	t.Helper()
+	if err := b.mgmtErr(method, path, in, out); err != nil {
 		t.Fatalf("%s %s: %v", method, path, err)
 	}
 }
 
-func mgmtQuiet(method, path string) {
-	req, err := http.NewRequest(method, shared.managementURL+path, nil)
-	if err == nil {
-		_ = doJSON(req, nil)
+// mgmtErr is mgmt that returns its error; a cluster's management API is
+// asked on each node in turn until one answers.
+func (b backend) mgmtErr(method, path string, in, out any) error {
+	var errs []error
+	for _, base := range append([]string{b.managementURL}, b.managementURLs...) {
+		var body io.Reader
+		if in != nil {
+			j, _ := json.Marshal(in)
+			body = bytes.NewReader(j)
+		}
+		req, err := http.NewRequest(method, base+path, body)
+		if err != nil {
+			return err
+		}
+		err = doJSON(req, out)
+		if err == nil {
+			return nil
+		}
+		var he httpError
+		if errors.As(err, &he) { // the node answered: another would say the same
+			return err
+		}
+		errs = append(errs, err)
 	}
+	return errors.Join(errs...)
 }
+
+func (b backend) mgmtQuiet(method, path string) { _ = b.mgmtErr(method, path, nil, nil) }
 
 func doJSON(req *http.Request, out any) error {
 	if u := req.URL.User; u != nil {
@@ -486,13 +537,21 @@ func doJSON(req *http.Request, out any) error {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode >= 300 {
-		return fmt.Errorf("HTTP %d: %s", resp.StatusCode, b)
+		return httpError{resp.StatusCode, string(b)}
 	}
 	if out != nil {
 		return json.Unmarshal(b, out)
 	}
 	return nil
 }
+
+// httpError is an answer with a status of 300 or more.
+type httpError struct {
+	status int
+	body   string
+}
+
+func (e httpError) Error() string { return fmt.Sprintf("HTTP %d: %s", e.status, e.body) }
 
 // httpClient keeps no idle connections, so no goroutine of it outlives a
 // call (the leak checks count goroutines).

@@ -26,6 +26,12 @@ type backend struct {
 	amqpURL       string // admin URL, default vhost
 	managementURL string // http://user:pass@host:port
 	databaseURL   string // admin URL to a maintenance database
+	// A cluster's other ways in: every node's AMQP URL (amqpURL is the
+	// first) and the other nodes' management APIs, asked when the first
+	// does not answer.
+	nodes          []string
+	managementURLs []string
+	ctl            brokerCtl // rabbitmqctl for it, when known; nodes take -n
 }
 
 var (
