@@ -36,7 +36,8 @@ type config struct {
 	ReconnectMax    time.Duration `envconfig:"RECONNECT_MAX" default:"30s" desc:"longest wait between reconnects"`
 	DBMaxConns      int           `envconfig:"DB_MAX_CONNS" default:"0" desc:"database connection pool size (0: QUEUE_COUNT+4)"`
 	HTTPAddr        string        `envconfig:"HTTP_ADDR" default:":8080" desc:"address of /healthz, /readyz and /metrics; empty to serve none"`
-	Pprof           bool          `envconfig:"PPROF" default:"false" desc:"also serve Go's /debug/pprof on HTTP_ADDR, for profiling"`
+	Pprof           bool          `envconfig:"PPROF" default:"false" desc:"serve Go's /debug/pprof on PPROF_ADDR, for profiling"`
+	PprofAddr       string        `envconfig:"PPROF_ADDR" default:"127.0.0.1:6060" desc:"address of /debug/pprof when PPROF=true; loopback by default: profiles are not for whoever reaches HTTP_ADDR"`
 	InboxTTL        time.Duration `envconfig:"INBOX_TTL" default:"720h" desc:"how long an applied eventId is remembered (adr/0003); older rows are pruned"`
 	PruneInterval   time.Duration `envconfig:"PRUNE_INTERVAL" default:"1m" desc:"how often retention runs (one replica at a time)"`
 	PruneBatch      int           `envconfig:"PRUNE_BATCH" default:"5000" desc:"inbox rows deleted per statement"`
@@ -120,6 +121,14 @@ func (c config) instance() string {
 	}
 	host, _ := os.Hostname()
 	return fmt.Sprintf("%s-%d", host, os.Getpid())
+}
+
+// pprofAddr is where /debug/pprof is served: nowhere unless PPROF=true.
+func (c config) pprofAddr() string {
+	if !c.Pprof {
+		return ""
+	}
+	return c.PprofAddr
 }
 
 func (c config) dbMaxConns() int {

@@ -19,6 +19,7 @@ import (
 	"runtime/debug"
 	"sync"
 	"syscall"
+	"time"
 
 	"transferconsumer/consumer"
 	"transferconsumer/db"
@@ -109,45 +110,64 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 // serve connects to the database (waiting for it while it is unreachable),
 // migrates it, and consumes until ctx ends, with the health and metrics
-// server and the inbox retention job beside the consumer.
+// server, answering from the first instant, and the inbox retention job
+// beside the consumer.
 func serve(ctx context.Context, cfg config, log *slog.Logger, migrations fs.FS) error {
 	log.Info("starting", "instance", cfg.instance(), "amqp_url", redact(cfg.AMQPURL),
 		"database_url", redact(cfg.DatabaseURL), "queues", cfg.QueueCount, "prefix", cfg.Prefix)
-	var ln net.Listener
-	if cfg.HTTPAddr != "" {
-		var err error
-		if ln, err = net.Listen("tcp", cfg.HTTPAddr); err != nil {
-			return fmt.Errorf("HTTP_ADDR: %w", err)
-		}
-		defer ln.Close()
-	}
-	database, err := db.OpenWhenReady(ctx, cfg.DatabaseURL, cfg.dbMaxConns(), cfg.backoff(), log)
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
-		return err
-	}
-	defer database.Close()
-	if _, err := db.Migrate(ctx, database, migrations); err != nil {
-		return err
-	}
-
-	ccfg := cfg.consumerConfig(log)
-	var m *metrics
-	ccfg.Observe = func(d consumer.Decision) { m.decided(d) }
-	ccfg.ObserveRetry = func(r consumer.Retry) { m.retried(r) }
-	svc := consumer.New(ccfg, db.NewInbox(database))
-	m = newMetrics(svc, database)
-
+	h := &health{}
+	m := newMetrics(h)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	jobs, stopJobs := context.WithCancel(ctx)
 	defer stopJobs()
-	if ln != nil {
+	for _, srv := range []struct {
+		addr, name string
+		serve      func(net.Listener)
+	}{
+		{cfg.HTTPAddr, "HTTP_ADDR", func(ln net.Listener) { serveHTTP(jobs, ln, h, m, log) }},
+		{cfg.pprofAddr(), "PPROF_ADDR", func(ln net.Listener) { servePprof(jobs, ln, log) }},
+	} {
+		if srv.addr == "" {
+			continue
+		}
+		ln, err := net.Listen("tcp", srv.addr) // closed by the server's shutdown when jobs end
+		if err != nil {
+			return fmt.Errorf("%s: %w", srv.name, err)
+		}
 		wg.Add(1)
-		go func() { defer wg.Done(); serveHTTP(jobs, ln, svc, database, m, cfg.Pprof, log) }()
+		go func() { defer wg.Done(); srv.serve(ln) }()
 	}
+
+	database, err := db.OpenWhenReady(ctx, cfg.DatabaseURL, cfg.dbMaxConns(), cfg.backoff(), log,
+		func(err error) { h.setStarting("%v", err) })
+	if err != nil {
+		return nil // ctx ended: stopped while waiting
+	}
+	defer database.Close()
+	if err := db.MigrateWhenReady(ctx, database, migrations, cfg.backoff(), log,
+		func(err error) { h.setStarting("migrating: %v", err) }); err != nil {
+		return nil
+	}
+	h.database.Store(database)
+
+	tracer, stopTracing, err := newTracer(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		flush, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = stopTracing(flush)
+	}()
+
+	ccfg := cfg.consumerConfig(log)
+	ccfg.Observe = m.decided
+	ccfg.ObserveRetry = m.retried
+	ccfg.Tracer = tracer
+	svc := consumer.New(ccfg, db.NewInbox(database))
+	h.svc.Store(svc)
+
 	wg.Add(1)
 	go func() { defer wg.Done(); pruneLoop(jobs, database, cfg, m, log) }()
 

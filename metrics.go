@@ -4,7 +4,6 @@ import (
 	"context"
 	"time"
 
-	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -29,7 +28,7 @@ type metrics struct {
 	appliedLatency, duplicateLatency prometheus.Observer
 }
 
-func newMetrics(svc *consumer.Service, database *sqlx.DB) *metrics {
+func newMetrics(h *health) *metrics {
 	const ns = "transferconsumer"
 	m := &metrics{
 		registry: prometheus.NewRegistry(),
@@ -76,18 +75,26 @@ func newMetrics(svc *consumer.Service, database *sqlx.DB) *metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		gauge("broker_connected", "1 while a broker connection is up.",
-			func() float64 { return boolean(svc.State().Connected) }),
+			func() float64 { return boolean(h.state().Connected) }),
 		gauge("queues_consumed", "Partition queues with a running consumer.",
-			func() float64 { return float64(svc.State().Consuming) }),
+			func() float64 { return float64(h.state().Consuming) }),
 		gauge("queues_blocked", "Partition queues retrying their message in hand because the environment failed (adr/0002).",
-			func() float64 { return float64(len(svc.State().Blocked)) }),
-		blockedSince{svc, prometheus.NewDesc(ns+"_queue_blocked_since_seconds",
+			func() float64 { return float64(len(h.state().Blocked)) }),
+		gauge("unconsumed_queues", "Partition queues beyond QUEUE_COUNT that exist: their messages wait for an instance with a larger QUEUE_COUNT.",
+			func() float64 { return float64(len(h.state().Unconsumed)) }),
+		gauge("dlq_messages", "Dead letters waiting in the dead-letter queue, as last read (every 10 s); -1 before the first read.",
+			func() float64 { return float64(h.state().DLQDepth) }),
+		blockedSince{h, prometheus.NewDesc(ns+"_queue_blocked_since_seconds",
 			"Unix time since which the queue has retried its message in hand because the environment failed; 0 when it is not blocked.",
 			[]string{"queue"}, nil)},
 		gauge("database_up", "1 when the database answered a ping at scrape time.",
-			func() float64 { return boolean(pingDB(database) == nil) }),
+			func() float64 { return boolean(h.pingDB() == nil) }),
 		gauge("inbox_oldest_row_age_seconds", "Age of the oldest inbox row; retention keeps it near INBOX_TTL.",
 			func() float64 {
+				database := h.database.Load()
+				if database == nil {
+					return -1
+				}
 				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 				defer cancel()
 				age, err := db.OldestInboxAge(ctx, database)
@@ -112,15 +119,7 @@ func (m *metrics) decided(d consumer.Decision) {
 		m.duplicateLatency.Observe(d.Duration.Seconds())
 		return
 	}
-	outcome := "applied"
-	switch {
-	case d.Duplicate:
-		outcome = "duplicate"
-	case d.Action == consumer.ActionDeadLetter:
-		outcome = "dead_lettered"
-	case d.Action == consumer.ActionRequeue:
-		outcome = "requeued"
-	}
+	outcome := d.Outcome()
 	m.events.WithLabelValues(outcome, string(d.Class)).Inc()
 	m.latency.WithLabelValues(outcome).Observe(d.Duration.Seconds())
 	if d.Class == consumer.ClassConflict {
@@ -131,29 +130,27 @@ func (m *metrics) decided(d consumer.Decision) {
 // retried is the consumer's ObserveRetry hook.
 func (m *metrics) retried(consumer.Retry) { m.retries.Inc() }
 
-func pingDB(database *sqlx.DB) error {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	return database.PingContext(ctx)
-}
-
 // blockedSince reports, for every partition queue, since when it has been
 // blocked, read from the service's state at scrape time.
 type blockedSince struct {
-	svc  *consumer.Service
+	h    *health
 	desc *prometheus.Desc
 }
 
 func (b blockedSince) Describe(ch chan<- *prometheus.Desc) { ch <- b.desc }
 
 func (b blockedSince) Collect(ch chan<- prometheus.Metric) {
-	st := b.svc.State()
+	svc := b.h.svc.Load()
+	if svc == nil {
+		return
+	}
+	st := svc.State()
 	since := map[string]float64{}
 	for _, q := range st.Blocked {
 		since[q.Queue] = float64(q.Since.UnixMilli()) / 1000
 	}
 	for i := 0; i < st.Queues; i++ {
-		q := b.svc.Queue(i)
+		q := svc.Queue(i)
 		ch <- prometheus.MustNewConstMetric(b.desc, prometheus.GaugeValue, since[q], q)
 	}
 }

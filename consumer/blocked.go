@@ -15,6 +15,7 @@ import (
 type Blocked struct {
 	Queue    string
 	EventID  string
+	TraceID  string    // the delivery's, when known
 	Since    time.Time // the first failed attempt
 	Class    Class     // ClassTransient or ClassUnknown
 	Reason   string    // the last error
@@ -45,11 +46,11 @@ func (s *Service) clearBlocked(queue string) {
 	delete(s.blockedQ, queue)
 }
 
-// throttle says when a failure that repeats is due to be logged: once per
+// Throttle says when a failure that repeats is due to be logged: once per
 // change of state (a first failure, another reason) and in between at a
 // slowing rate, after the 1st, 2nd, 4th, 8th… attempt and at least every
 // throttleQuietMax; never once per attempt.
-type throttle struct {
+type Throttle struct {
 	next   int
 	last   time.Time
 	reason string
@@ -57,9 +58,9 @@ type throttle struct {
 
 const throttleQuietMax = 5 * time.Minute
 
-// due records failed attempt n (1-based) with reason and reports whether
+// Due records failed attempt n (1-based) with reason and reports whether
 // to log it, and whether the reason changed from an earlier one.
-func (t *throttle) due(n int, reason string) (due, changed bool) {
+func (t *Throttle) Due(n int, reason string) (due, changed bool) {
 	now := time.Now()
 	changed = t.reason != "" && reason != t.reason
 	if n < t.next && reason == t.reason && now.Sub(t.last) < throttleQuietMax {
@@ -75,8 +76,8 @@ func (t *throttle) due(n int, reason string) (due, changed bool) {
 // logBlocked logs b's failed attempt when th says it is due: failures of
 // the environment as warnings, unclassified ones as errors, since only a
 // person can end those.
-func logBlocked(log *slog.Logger, th *throttle, b Blocked, delay time.Duration) {
-	due, changed := th.due(b.Attempts, b.Reason)
+func logBlocked(log *slog.Logger, th *Throttle, b Blocked, delay time.Duration) {
+	due, changed := th.Due(b.Attempts, b.Reason)
 	if !due {
 		return
 	}
@@ -87,7 +88,11 @@ func logBlocked(log *slog.Logger, th *throttle, b Blocked, delay time.Duration) 
 	if changed {
 		msg = "queue still blocked, for another reason"
 	}
-	log.Log(context.Background(), level, msg, "queue", b.Queue, "event_id", b.EventID, "class", string(b.Class),
+	attrs := []any{"queue", b.Queue, "event_id", b.EventID, "class", string(b.Class),
 		"attempts", b.Attempts, "blocked_ms", time.Since(b.Since).Milliseconds(),
-		"next_retry_ms", delay.Milliseconds(), "err", b.Reason)
+		"next_retry_ms", delay.Milliseconds(), "err", b.Reason}
+	if b.TraceID != "" {
+		attrs = append(attrs, "trace_id", b.TraceID)
+	}
+	log.Log(context.Background(), level, msg, attrs...)
 }

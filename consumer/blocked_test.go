@@ -10,14 +10,14 @@ import (
 // and then after attempts 2, 4, 8, …: a stopped line is visible without a
 // line per attempt.
 func TestThrottleLogsAtASlowingRate(t *testing.T) {
-	var th throttle
+	var th Throttle
 	var logged []int
 	for n := 1; n <= 40; n++ {
 		reason := "connection refused"
 		if n == 11 {
 			reason = "database is not accepting connections"
 		}
-		if due, _ := th.due(n, reason); due {
+		if due, _ := th.Due(n, reason); due {
 			logged = append(logged, n)
 		}
 	}
@@ -27,10 +27,10 @@ func TestThrottleLogsAtASlowingRate(t *testing.T) {
 	}
 
 	// However slow the attempts, one is logged at least every quiet period.
-	th = throttle{}
-	th.due(1, "x")
+	th = Throttle{}
+	th.Due(1, "x")
 	th.last = time.Now().Add(-throttleQuietMax)
-	if due, _ := th.due(3, "x"); !due {
+	if due, _ := th.Due(3, "x"); !due {
 		t.Error("attempt 3 after a quiet period was not logged")
 	}
 }

@@ -35,6 +35,9 @@ type Event struct {
 	// keeps it so that the same eventId with other content (a producer bug)
 	// can be told apart from an honest redelivery.
 	Fingerprint []byte
+	// Message is the delivery the event came in, set by the worker; a
+	// transition that waits for its creation keeps it for a dead letter.
+	Message Message
 }
 
 // Transfer is the data of a transfer event. Every type carries all of it:
@@ -93,13 +96,28 @@ func isCurrency(s string) bool {
 // Decode parses and validates a message body. messageID and msgType are the
 // AMQP properties; when the producer sets them they must agree with the body,
 // which is authoritative. Every error it returns is Poison: a body that is not
-// a valid event will never become one by retrying.
+// a valid event will never become one by retrying. With the error it returns
+// what could be read of the event (its ID and type, when they are valid), so
+// that the dead letter's log line can name it; the values quoted in the error
+// are cut at maxQuoted bytes.
 func Decode(body []byte, messageID, msgType string) (Event, error) {
 	ev, err := decode(body, messageID, msgType)
 	if err != nil {
-		return Event{}, Poison(err)
+		return ev, Poison(err)
 	}
 	return ev, nil
+}
+
+// maxQuoted bounds each value an error quotes: a 1 MiB field must not make
+// a 1 MiB reason, formatted again at every step and logged at error level.
+const maxQuoted = 80
+
+// quote returns s quoted, cut at maxQuoted bytes with its full length said.
+func quote(s string) string {
+	if len(s) <= maxQuoted {
+		return strconv.Quote(s)
+	}
+	return fmt.Sprintf("%s… (%d bytes)", strconv.Quote(strings.ToValidUTF8(s[:maxQuoted], "")), len(s))
 }
 
 func decode(body []byte, messageID, msgType string) (Event, error) {
@@ -115,29 +133,32 @@ func decode(body []byte, messageID, msgType string) (Event, error) {
 		return Event{}, fmt.Errorf("body is not a JSON event: %w", err)
 	}
 	if !isUUID(w.EventID) {
-		return Event{}, fmt.Errorf("eventId %q is not a UUID", w.EventID)
+		return Event{}, fmt.Errorf("eventId %s is not a UUID", quote(w.EventID))
 	}
-	ev := Event{ID: lower(w.EventID), Type: w.EventType}
+	ev := Event{ID: lower(w.EventID)}
+	if knownType(w.EventType) {
+		ev.Type = w.EventType
+	}
 	if messageID != "" && !strings.EqualFold(messageID, w.EventID) {
-		return Event{}, fmt.Errorf("message_id %q does not match eventId %q", messageID, w.EventID)
+		return ev, fmt.Errorf("message_id %s does not match eventId %s", quote(messageID), quote(w.EventID))
 	}
 	if !knownType(w.EventType) {
-		return Event{}, fmt.Errorf("unknown eventType %q", w.EventType)
+		return ev, fmt.Errorf("unknown eventType %s", quote(w.EventType))
 	}
 	if msgType != "" && msgType != w.EventType {
-		return Event{}, fmt.Errorf("type property %q does not match eventType %q", msgType, w.EventType)
+		return ev, fmt.Errorf("type property %s does not match eventType %s", quote(msgType), quote(w.EventType))
 	}
 	at, err := time.Parse(time.RFC3339Nano, w.OccurredAt)
 	if err != nil {
-		return Event{}, fmt.Errorf("occurredAt %q is not an RFC 3339 time", w.OccurredAt)
+		return ev, fmt.Errorf("occurredAt %s is not an RFC 3339 time", quote(w.OccurredAt))
 	}
 	ev.OccurredAt = at.UTC()
 	if w.Data == nil {
-		return Event{}, fmt.Errorf("data is missing")
+		return ev, fmt.Errorf("data is missing")
 	}
 	t, err := decodeTransfer(w.Data)
 	if err != nil {
-		return Event{}, err
+		return ev, err
 	}
 	ev.Transfer = t
 	ev.Fingerprint = fingerprint(ev)
@@ -146,7 +167,7 @@ func decode(body []byte, messageID, msgType string) (Event, error) {
 
 func decodeTransfer(d *wireData) (Transfer, error) {
 	if !isUUID(d.TransferID) {
-		return Transfer{}, fmt.Errorf("data.transferId %q is not a UUID", d.TransferID)
+		return Transfer{}, fmt.Errorf("data.transferId %s is not a UUID", quote(d.TransferID))
 	}
 	if err := checkAccount("data.fromAccount", d.FromAccount); err != nil {
 		return Transfer{}, err
@@ -155,14 +176,14 @@ func decodeTransfer(d *wireData) (Transfer, error) {
 		return Transfer{}, err
 	}
 	if d.FromAccount == d.ToAccount {
-		return Transfer{}, fmt.Errorf("data.fromAccount and data.toAccount are both %q", d.FromAccount)
+		return Transfer{}, fmt.Errorf("data.fromAccount and data.toAccount are both %s", quote(d.FromAccount))
 	}
 	amount, err := parseAmount(d.AmountMinor)
 	if err != nil {
 		return Transfer{}, err
 	}
 	if !isCurrency(d.Currency) {
-		return Transfer{}, fmt.Errorf("data.currency %q is not three upper-case letters", d.Currency)
+		return Transfer{}, fmt.Errorf("data.currency %s is not three upper-case letters", quote(d.Currency))
 	}
 	return Transfer{
 		ID:          lower(d.TransferID),
@@ -181,11 +202,11 @@ func parseAmount(raw json.RawMessage) (int64, error) {
 		return 0, fmt.Errorf("data.amountMinor is missing")
 	}
 	if raw[0] != '-' && (raw[0] < '0' || raw[0] > '9') {
-		return 0, fmt.Errorf("data.amountMinor %s is not an integer", raw)
+		return 0, fmt.Errorf("data.amountMinor %s is not an integer", quote(string(raw)))
 	}
 	n, err := strconv.ParseInt(string(raw), 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("data.amountMinor %s is not an integer number of minor units", raw)
+		return 0, fmt.Errorf("data.amountMinor %s is not an integer number of minor units", quote(string(raw)))
 	}
 	if n <= 0 {
 		return 0, fmt.Errorf("data.amountMinor %d is not positive", n)
@@ -196,14 +217,14 @@ func parseAmount(raw json.RawMessage) (int64, error) {
 func checkAccount(field, s string) error {
 	n := utf8.RuneCountInString(s)
 	if n < 1 || n > 64 {
-		return fmt.Errorf("%s %q must be 1 to 64 characters", field, s)
+		return fmt.Errorf("%s %s must be 1 to 64 characters", field, quote(s))
 	}
 	for _, r := range s {
 		if ' ' <= r && r <= '~' {
 			continue // printable ASCII, the usual case, without the table lookup
 		}
 		if !unicode.IsPrint(r) {
-			return fmt.Errorf("%s %q has a non-printable character", field, s)
+			return fmt.Errorf("%s %s has a non-printable character", field, quote(s))
 		}
 	}
 	return nil

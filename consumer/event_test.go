@@ -125,3 +125,37 @@ func TestFingerprintIsStable(t *testing.T) {
 		t.Errorf("long account: fingerprint %x, want %x", ev.Fingerprint, sum)
 	}
 }
+
+// A poison body still tells what it could: its eventId and type when they
+// are valid, for the dead letter's log line; and a huge field is cut in the
+// reason, not copied whole into errors and logs.
+func TestDecodePoisonKeepsWhatCouldBeRead(t *testing.T) {
+	huge := strings.Repeat("x", 1<<20)
+	tests := []struct {
+		name           string
+		body           []byte
+		wantID         string
+		wantType       string
+		wantReasonSize int // at most
+	}{
+		{"negative amount", body("10000", "-100"), "3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10", EventTransferCreated, 200},
+		{"unknown type", body("TransferCreated", "TransferExploded"), "3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10", "", 200},
+		{"bad eventId", body("3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10", "nope"), "", "", 200},
+		{"1 MiB fromAccount", body(`"fromAccount":"acc_00001"`, `"fromAccount":"`+huge+`"`), "3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10", EventTransferCreated, 300},
+		{"1 MiB eventType", body("TransferCreated", huge), "3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10", "", 300},
+		{"1 MiB amount", body("10000", "1"+strings.Repeat("0", 1<<20)), "3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10", EventTransferCreated, 300},
+	}
+	for _, tt := range tests {
+		ev, err := Decode(tt.body, "", "")
+		if ClassOf(t.Context(), err) != ClassPoison {
+			t.Errorf("%s: want poison, got %v", tt.name, err)
+			continue
+		}
+		if ev.ID != tt.wantID || ev.Type != tt.wantType {
+			t.Errorf("%s: read id %q, type %q; want %q, %q", tt.name, ev.ID, ev.Type, tt.wantID, tt.wantType)
+		}
+		if n := len(err.Error()); n > tt.wantReasonSize {
+			t.Errorf("%s: reason of %d bytes, want at most %d", tt.name, n, tt.wantReasonSize)
+		}
+	}
+}

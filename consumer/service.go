@@ -9,11 +9,15 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace"
+
+	"transferconsumer/dlq"
 )
 
 // Applier applies one event in one local transaction, inbox claim and
@@ -52,6 +56,9 @@ type Prober interface {
 // Result is what applying an event did.
 type Result struct {
 	Duplicate bool // the event had been applied before; nothing changed
+	// Outbox: the transaction left a dead letter to publish after the
+	// commit (see Outbox).
+	Outbox bool
 }
 
 // Config configures a Service.
@@ -79,6 +86,9 @@ type Config struct {
 	// ObserveRetry, when set, is called before each in-place retry of a
 	// transient failure.
 	ObserveRetry func(Retry)
+	// Tracer, when set, traces each delivery and each attempt of its
+	// transaction (trace.go); nil costs nothing.
+	Tracer trace.Tracer
 }
 
 // Retry is one in-place retry of a transient failure, or one failed probe
@@ -94,7 +104,9 @@ type Retry struct {
 // Decision is what happened to one delivery.
 type Decision struct {
 	Queue         string
-	EventID       string
+	EventID       string // the body's eventId when it could be read, else the message_id property
+	EventType     string // the body's eventType when it is a known one, else the type property
+	TraceID       string // the delivery's trace, when tracing is on or the message carries a traceparent
 	Redelivered   bool
 	DeliveryCount int64 // x-delivery-count: 0 on the first delivery
 	Class         Class // "" when the event was applied or was a duplicate
@@ -103,6 +115,21 @@ type Decision struct {
 	Retries       int // transient failures retried in place
 	Err           error
 	Duration      time.Duration
+}
+
+// Outcome names what happened to the delivery, in the one vocabulary the
+// log lines and the metrics share: applied, duplicate, dead_lettered or
+// requeued.
+func (d Decision) Outcome() string {
+	switch {
+	case d.Duplicate:
+		return "duplicate"
+	case d.Action == ActionDeadLetter:
+		return "dead_lettered"
+	case d.Action == ActionRequeue:
+		return "requeued"
+	}
+	return "applied"
 }
 
 // Backoff is a capped, jittered exponential delay.
@@ -133,8 +160,11 @@ type Service struct {
 	log       *slog.Logger
 	connected atomic.Bool
 	consuming atomic.Int32
-	letters   atomic.Pointer[letters] // the session's dead-letter connection
-	next      int                     // the URL the next session tries first; Run's alone
+	letters   atomic.Pointer[letters]  // the session's dead-letter connection
+	next      int                      // the URL the next session tries first; Run's alone
+	brokerErr atomic.Pointer[string]   // why there is no broker session, while there is none
+	dlqDepth  atomic.Int64             // dead letters waiting, as last seen; -1 before
+	extra     atomic.Pointer[[]string] // queues beyond QUEUE_COUNT that exist, as last seen
 
 	mu       sync.Mutex
 	blockedQ map[string]Blocked // by queue
@@ -149,6 +179,17 @@ type State struct {
 	// PublishBlocked is the broker's reason while a resource alarm blocks
 	// the connection dead letters go out on, else "".
 	PublishBlocked string
+	// BrokerErr says why there is no broker session, while there is none
+	// and one was tried: the last error, with a hint when the broker
+	// refused access.
+	BrokerErr string
+	// DLQDepth is the number of dead letters waiting, as last seen (every
+	// lookEvery); -1 before the first look.
+	DLQDepth int
+	// Unconsumed are partition queues numbered from Queues up that exist
+	// but that this instance does not consume: messages routed there wait
+	// for a consumer with a larger QUEUE_COUNT (adr/0004).
+	Unconsumed []string
 }
 
 // State returns the service's current broker-side state.
@@ -162,6 +203,13 @@ func (s *Service) State() State {
 	if l := s.letters.Load(); l != nil {
 		st.PublishBlocked = l.blockedBy()
 	}
+	if e := s.brokerErr.Load(); e != nil && !st.Connected {
+		st.BrokerErr = *e
+	}
+	st.DLQDepth = int(s.dlqDepth.Load())
+	if extra := s.extra.Load(); extra != nil {
+		st.Unconsumed = *extra
+	}
 	return st
 }
 
@@ -174,7 +222,9 @@ func New(cfg Config, app Applier) *Service {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Service{cfg: cfg, app: app, log: log, blockedQ: map[string]Blocked{}}
+	s := &Service{cfg: cfg, app: app, log: log, blockedQ: map[string]Blocked{}}
+	s.dlqDepth.Store(-1)
+	return s
 }
 
 // Run consumes until ctx is cancelled, reconnecting after any broker failure
@@ -218,7 +268,16 @@ func (s *Service) Run(ctx context.Context) error {
 			attempt = 0 // a long session was healthy: start the backoff over
 		}
 		delay := s.cfg.Reconnect.Delay(attempt)
-		s.log.Warn("broker session ended, reconnecting", "err", err, "delay", delay)
+		reason := err.Error()
+		if refused(err) {
+			// Wrong credentials or vhost may yet be fixed by someone, so
+			// the service keeps trying; but it says so at error level.
+			reason += "; " + accessHint
+			s.log.Error("the broker refused access, retrying", "err", err, "hint", accessHint, "delay_ms", delay.Milliseconds())
+		} else {
+			s.log.Warn("broker session ended, reconnecting", "err", err, "delay_ms", delay.Milliseconds())
+		}
+		s.brokerErr.Store(&reason)
 		select {
 		case <-stop.Done():
 			return nil
@@ -237,6 +296,7 @@ func (s *Service) session(stop, work context.Context) error {
 	if err != nil {
 		return fmt.Errorf("connect to broker: %w", err)
 	}
+	s.brokerErr.Store(nil)
 	defer conn.Close()
 	s.next = (used + 1) % len(s.cfg.URLs) // should this session be lost, try another node first
 	if len(s.cfg.URLs) > 1 {
@@ -276,14 +336,22 @@ func (s *Service) session(stop, work context.Context) error {
 		}()
 	}
 	s.log.Info("consuming", "queues", s.cfg.Topology.Queues, "prefix", s.cfg.Topology.Prefix)
+	wg.Add(1)
+	go func() { defer wg.Done(); s.drainLoop(session, letters) }()
 
+	look := time.NewTicker(lookEvery)
+	defer look.Stop()
 	var result error
-	select {
-	case <-stop.Done():
-	case e := <-closed:
-		result = fmt.Errorf("connection closed: %v", e)
-	case e := <-errs:
-		result = e
+	for result == nil && stop.Err() == nil {
+		s.look(conn)
+		select {
+		case <-stop.Done():
+		case e := <-closed:
+			result = fmt.Errorf("connection closed: %v", e)
+		case e := <-errs:
+			result = e
+		case <-look.C:
+		}
 	}
 	// Every worker finishes the message in hand before the connection
 	// closes, so nothing is returned to the queue that could be finished.
@@ -291,6 +359,50 @@ func (s *Service) session(stop, work context.Context) error {
 	wg.Wait()
 	return result
 }
+
+// lookEvery is how often a session reads the DLQ's depth and looks for
+// partition queues it does not consume.
+const lookEvery = 10 * time.Second
+
+// look reads, on a channel of its own, the dead-letter queue's depth and
+// which partition queues numbered QUEUE_COUNT and up exist (a passive
+// declare each, until one does not: that closes the channel). Queues found
+// there hold messages this instance never takes, such as after a
+// repartition that this instance was not rolled for: it says so once per
+// change, as a warning.
+func (s *Service) look(conn *amqp.Connection) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return
+	}
+	defer ch.Close()
+	t := s.cfg.Topology
+	q, err := ch.QueueDeclarePassive(dlq.Queue(t.Prefix), true, false, false, false, nil)
+	if err != nil {
+		return // the channel is closed now
+	}
+	s.dlqDepth.Store(int64(q.Messages))
+	var extra []string
+	for i := t.Queues; i < maxQueues; i++ {
+		if _, err := ch.QueueDeclarePassive(t.Queue(i), true, false, false, false, nil); err != nil {
+			break
+		}
+		extra = append(extra, t.Queue(i))
+	}
+	if before := s.extra.Swap(&extra); before == nil || !slices.Equal(*before, extra) {
+		if len(extra) > 0 {
+			s.log.Warn("partition queues exist beyond QUEUE_COUNT: their messages are not consumed by this instance",
+				"queues", extra, "queue_count", t.Queues,
+				"hint", "set QUEUE_COUNT to the number of queues bound to the exchange (see adr/0004 on repartitioning)")
+		} else if before != nil && len(*before) > 0 {
+			s.log.Info("no partition queues beyond QUEUE_COUNT any more")
+		}
+	}
+}
+
+// maxQueues bounds the look for queues beyond QUEUE_COUNT (the largest
+// count the configuration accepts).
+const maxQueues = 1024
 
 // ConsumerArgs returns the consume arguments for queue i: a consumer priority
 // that prefers this replica's share of the queues, when there are replicas.
@@ -338,6 +450,17 @@ func (s *Service) openWorker(conn *amqp.Connection, letters *letters, i int, wor
 	return w, nil
 }
 
+// accessHint is what a person should check when the broker refuses access.
+const accessHint = "check the user name, password and vhost in AMQP_URL, and the user's permissions on the vhost"
+
+// refused reports whether err is the broker refusing access: wrong
+// credentials or a vhost the user may not use (403), or a vhost that does
+// not exist (530).
+func refused(err error) bool {
+	var ae *amqp.Error
+	return errors.As(err, &ae) && (ae.Code == amqp.AccessRefused || ae.Code == amqp.NotAllowed)
+}
+
 // awaitHealthy holds the next broker session back while a queue is still
 // reported blocked from the last one and the applier can probe: until the
 // probe passes, consuming again would only take the same message back and,
@@ -349,8 +472,10 @@ func (s *Service) awaitHealthy(stop context.Context) error {
 		s.clearAllBlocked()
 		return nil
 	}
-	var th throttle
+	var th Throttle
 	start := time.Now()
+	waiting := "not consuming until a probe of the database passes: a queue was blocked when the last broker session ended"
+	s.brokerErr.Store(&waiting)
 	for attempt := 0; ; attempt++ {
 		ctx, cancel := context.WithTimeout(stop, s.cfg.ApplyTimeout)
 		err := p.Probe(ctx)
@@ -367,7 +492,7 @@ func (s *Service) awaitHealthy(stop context.Context) error {
 		if s.cfg.ObserveRetry != nil {
 			s.cfg.ObserveRetry(Retry{Attempt: attempt + 1, Delay: delay, Err: err})
 		}
-		if due, _ := th.due(attempt+1, err.Error()); due {
+		if due, _ := th.Due(attempt+1, err.Error()); due {
 			s.log.Warn("a queue was blocked when the broker session ended; consuming resumes once a probe of the database passes",
 				"attempts", attempt+1, "waited_ms", time.Since(start).Milliseconds(), "next_retry_ms", delay.Milliseconds(), "err", err)
 		}

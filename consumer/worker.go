@@ -10,6 +10,9 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"transferconsumer/dlq"
 )
 
@@ -29,6 +32,10 @@ type worker struct {
 	// publish sends a dead-letter copy and returns nil only once the broker
 	// confirmed it; publishConfirmed, or a fake in unit tests.
 	publish func(exchange, key string, msg amqp.Publishing) error
+	// traced is the delivery in hand's span context, when tracing is on;
+	// traceID its trace, for log lines.
+	traced  context.Context
+	traceID string
 }
 
 // run handles deliveries until session ends or the channel fails. When
@@ -76,8 +83,17 @@ func (w *worker) handle(session context.Context, d amqp.Delivery) error {
 		Redelivered:   d.Redelivered,
 		DeliveryCount: dlq.DeliveryCount(d.Headers),
 	}
+	var span trace.Span
+	if t := w.svc.cfg.Tracer; t != nil {
+		w.traced, span = w.startDelivery(t, d)
+		defer func() { endDelivery(span, dec) }()
+	}
+	dec.TraceID = traceID(span, d.Headers)
+	w.traceID = dec.TraceID
 	var err error
-	dec.EventID, dec.Duplicate, dec.Retries, err = w.process(session, d)
+	var res Result
+	dec.EventID, dec.EventType, res, dec.Retries, err = w.process(session, d)
+	dec.Duplicate = res.Duplicate
 	dec.Err = err
 	dec.Class = ClassOf(session, err)
 	dec.Action = decide(dec.Class)
@@ -115,12 +131,18 @@ func (w *worker) handle(session context.Context, d amqp.Delivery) error {
 		}
 	}
 	dec.Duration = time.Since(start)
-	w.log(dec, sendErr)
+	w.svc.logDecision(dec, sendErr)
 	if w.svc.cfg.Observe != nil {
 		w.svc.cfg.Observe(dec)
 	}
 	if sendErr != nil {
 		return fmt.Errorf("queue %s: %s event %s: %w", w.queue, dec.Action, dec.EventID, sendErr)
+	}
+	if res.Outbox {
+		// The commit left a dead letter (a transition that waited for this
+		// creation contradicts it): publish it now; the drain loop picks
+		// it up if this fails.
+		w.svc.drainOutbox(w.work, w.queue, w.publish)
 	}
 	return nil
 }
@@ -129,8 +151,8 @@ func (w *worker) handle(session context.Context, d amqp.Delivery) error {
 // caused. A panic in either is recovered and returned as ClassPanic with its
 // stack, so that the message is requeued and the delivery limit, not a
 // dead process, ends a loop of them.
-func (w *worker) process(session context.Context, d amqp.Delivery) (id string, dup bool, retries int, err error) {
-	id = d.MessageId
+func (w *worker) process(session context.Context, d amqp.Delivery) (id, typ string, res Result, retries int, err error) {
+	id, typ = d.MessageId, d.Type
 	defer func() {
 		if p := recover(); p != nil {
 			stack := debug.Stack()
@@ -141,12 +163,19 @@ func (w *worker) process(session context.Context, d amqp.Delivery) (id string, d
 		}
 	}()
 	ev, err := Decode(d.Body, d.MessageId, d.Type)
-	if err != nil {
-		return id, false, 0, err
+	if ev.ID != "" { // the body's, which is authoritative, even when it is poison
+		id = ev.ID
 	}
-	id = ev.ID
-	res, retries, err := w.apply(session, ev)
-	return id, res.Duplicate, retries, err
+	if ev.Type != "" {
+		typ = ev.Type
+	}
+	if err != nil {
+		return id, typ, Result{}, 0, err
+	}
+	ev.Message = Message{RoutingKey: d.RoutingKey, Body: d.Body, Headers: d.Headers,
+		MessageID: d.MessageId, ContentType: d.ContentType}
+	res, retries, err = w.apply(session, ev)
+	return id, typ, res, retries, err
 }
 
 // apply applies ev, retrying in place with backoff, for as long as it
@@ -156,8 +185,8 @@ func (w *worker) process(session context.Context, d amqp.Delivery) (id string, d
 // gives up only when session ends (shutdown, or a broken broker session)
 // or the broker closes the channel (the broker then has the message back).
 func (w *worker) apply(session context.Context, ev Event) (Result, int, error) {
-	b := Blocked{Queue: w.queue, EventID: ev.ID}
-	var th throttle
+	b := Blocked{Queue: w.queue, EventID: ev.ID, TraceID: w.traceID}
+	var th Throttle
 	for attempt := 0; ; attempt++ {
 		res, err := w.attempt(ev)
 		class := ClassOf(session, err)
@@ -193,6 +222,20 @@ func (w *worker) apply(session context.Context, ev Event) (Result, int, error) {
 
 // attempt applies ev once, within ApplyTimeout and while work lasts.
 func (w *worker) attempt(ev Event) (Result, error) {
+	if t := w.svc.cfg.Tracer; t != nil {
+		span := startTransaction(t, w.traced)
+		res, err := w.attemptOnce(ev)
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+		return res, err
+	}
+	return w.attemptOnce(ev)
+}
+
+func (w *worker) attemptOnce(ev Event) (Result, error) {
 	if w.lane != nil {
 		return w.lane.Apply(w.work, ev) // the lane keeps the timeout itself
 	}
@@ -257,7 +300,8 @@ func (w *worker) publishConfirmed(exchange, key string, msg amqp.Publishing) err
 	return dlq.PublishConfirmed(w.work, w.pub, w.returns, exchange, key, msg)
 }
 
-func (w *worker) log(dec Decision, sendErr error) {
+// logDecision logs one decision about a delivery, at its level.
+func (s *Service) logDecision(dec Decision, sendErr error) {
 	level := slog.LevelInfo
 	switch {
 	case sendErr != nil || dec.Action == ActionDeadLetter || dec.Class == ClassPanic:
@@ -265,17 +309,10 @@ func (w *worker) log(dec Decision, sendErr error) {
 	case dec.Action == ActionRequeue:
 		level = slog.LevelWarn
 	}
-	outcome := "applied"
-	switch {
-	case dec.Duplicate:
-		outcome = "duplicate"
-	case dec.Action != ActionAck:
-		outcome = string(dec.Action)
-	}
 	// The record goes straight to the handler: Logger.Log would also look
 	// up its caller's source line (a stack walk) and box every value, work
 	// done on every event for nothing this line uses.
-	h := w.svc.log.Handler()
+	h := s.log.Handler()
 	ctx := context.Background()
 	if !h.Enabled(ctx, level) {
 		return
@@ -284,11 +321,17 @@ func (w *worker) log(dec Decision, sendErr error) {
 	r.AddAttrs(
 		slog.String("event_id", dec.EventID), slog.String("queue", dec.Queue),
 		slog.Bool("redelivered", dec.Redelivered), slog.Int64("delivery_count", dec.DeliveryCount),
-		slog.String("outcome", outcome),
+		slog.String("outcome", dec.Outcome()),
 		// Microseconds as an integer: slog's JSON handler writes a float
 		// through encoding/json, a measurable cost on every event.
 		slog.Int64("duration_us", dec.Duration.Microseconds()),
 	)
+	if dec.EventType != "" {
+		r.AddAttrs(slog.String("event_type", dec.EventType))
+	}
+	if dec.TraceID != "" {
+		r.AddAttrs(slog.String("trace_id", dec.TraceID))
+	}
 	if dec.Class != "" {
 		r.AddAttrs(slog.String("class", string(dec.Class)), slog.Any("err", dec.Err))
 	}

@@ -112,6 +112,8 @@ func (l *lane) Apply(ctx context.Context, ev consumer.Event) (consumer.Result, e
 	switch {
 	case outcome == "applied":
 		return consumer.Result{}, nil
+	case outcome == "applied+outbox":
+		return consumer.Result{Outbox: true}, nil
 	case outcome == "duplicate":
 		return consumer.Result{Duplicate: true}, nil
 	case strings.HasPrefix(outcome, "conflict:"):
@@ -159,6 +161,16 @@ func (l *lane) run(ctx context.Context, ev consumer.Event) (string, error) {
 	}
 
 	t := ev.Transfer
+	// A transition keeps its message, in case it waits for its creation and
+	// then contradicts it (sql/0006): a creation never needs it.
+	var m struct {
+		key, id, contentType *string
+		body, headers        []byte
+	}
+	if ev.Type != consumer.EventTransferCreated {
+		m.key, m.id, m.contentType = &ev.Message.RoutingKey, &ev.Message.MessageID, &ev.Message.ContentType
+		m.body, m.headers = ev.Message.Body, consumer.HeadersJSON(ev.Message.Headers)
+	}
 	var outcome string
 	var cancelled, ended bool
 	end := func() {
@@ -169,7 +181,8 @@ func (l *lane) run(ctx context.Context, ev consumer.Event) (string, error) {
 	quiet := context.Background()
 	err = inTx(quiet, l.conn, func(tx *sqlx.Tx) error {
 		if err := tx.StmtContext(quiet, stmt.Stmt).QueryRowContext(quiet,
-			ev.ID, ev.Type, ev.Fingerprint, t.ID, t.FromAccount, t.ToAccount, t.AmountMinor, t.Currency).Scan(&outcome); err != nil {
+			ev.ID, ev.Type, ev.Fingerprint, t.ID, t.FromAccount, t.ToAccount, t.AmountMinor, t.Currency,
+			m.key, m.body, jsonb(m.headers), m.id, m.contentType).Scan(&outcome); err != nil {
 			return err
 		}
 		// The COMMIT is never cancelled: a cancel that lands while it waits
@@ -324,10 +337,20 @@ func (in *Inbox) statement(ctx context.Context) (*sqlx.Stmt, error) {
 	if stmt := in.apply.Load(); stmt != nil {
 		return stmt, nil
 	}
-	stmt, err := in.db.PreparexContext(ctx, `SELECT apply_event($1, $2, $3, $4, $5, $6, $7, $8)`)
+	stmt, err := in.db.PreparexContext(ctx, `SELECT apply_event($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`)
 	if err != nil {
 		return nil, errors.Join(errors.New("prepare apply_event"), err)
 	}
 	in.apply.Store(stmt)
 	return stmt, nil
+}
+
+// jsonb passes JSON bytes as a jsonb parameter: as text, or NULL when there
+// are none (a []byte would be sent as bytea).
+func jsonb(b []byte) *string {
+	if b == nil {
+		return nil
+	}
+	s := string(b)
+	return &s
 }

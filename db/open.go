@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/url"
 	"time"
@@ -14,32 +15,89 @@ import (
 	"transferconsumer/consumer"
 )
 
-// OpenWhenReady opens the database at url, waiting with backoff while it is
-// unreachable, and creates the database first if it does not exist. It
-// returns early with the error when the failure is not transient (bad
-// credentials, a missing database it may not create), and ctx's error when
-// ctx ends first.
-func OpenWhenReady(ctx context.Context, url string, maxConns int, b consumer.Backoff, log *slog.Logger) (*sqlx.DB, error) {
+// OpenWhenReady opens the database at url, creating it first if it does
+// not exist (when the user may), and waits with backoff for as long as that
+// fails: a database that is down, a login refused, a database nobody may
+// create yet, all may heal, and the service's health endpoint says why it
+// waits meanwhile. waiting, when set, is told each failure. It returns only
+// an open database, or ctx's error when ctx ends first.
+func OpenWhenReady(ctx context.Context, url string, maxConns int, b consumer.Backoff, log *slog.Logger, waiting func(error)) (*sqlx.DB, error) {
+	var th consumer.Throttle
 	for attempt := 0; ; attempt++ {
 		db, err := Open(ctx, url, maxConns)
 		if isMissingDatabase(err) {
 			if cerr := createDatabase(ctx, url); cerr != nil {
-				return nil, fmt.Errorf("%w; creating it failed too: %v", err, cerr)
+				err = fmt.Errorf("%w; creating it failed too: %v", err, cerr)
+			} else {
+				log.Info("created database", "database", databaseName(url))
+				db, err = Open(ctx, url, maxConns)
 			}
-			log.Info("created database", "database", databaseName(url))
-			db, err = Open(ctx, url, maxConns)
 		}
 		if err == nil {
 			return db, nil
 		}
-		if consumer.ClassOf(ctx, err) != consumer.ClassTransient {
-			return nil, err
+		if waiting != nil {
+			waiting(err)
 		}
 		delay := b.Delay(attempt)
-		log.Warn("database not reachable, waiting", "err", err, "delay", delay)
+		if due, _ := th.Due(attempt+1, err.Error()); due {
+			if hint := openHint(err); hint != "" {
+				log.Error("the database refused the service, waiting", "err", err, "hint", hint,
+					"attempts", attempt+1, "delay_ms", delay.Milliseconds())
+			} else {
+				log.Warn("database not reachable, waiting", "err", err, "attempts", attempt+1, "delay_ms", delay.Milliseconds())
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
+		case <-time.After(delay):
+		}
+	}
+}
+
+// openHint says what a person should check when the server answered but
+// refused: a login or a database, as opposed to one that does not answer.
+func openHint(err error) string {
+	var pqErr *pq.Error
+	if !errors.As(err, &pqErr) {
+		return ""
+	}
+	switch pqErr.Code.Class() {
+	case "28":
+		return "check the user and password in DATABASE_URL, and that the role may log in"
+	case "3D":
+		return "the database does not exist and the user may not create it: create it, or give the user CREATEDB"
+	case "42":
+		return "check the role's privileges on the database"
+	}
+	return ""
+}
+
+// MigrateWhenReady runs Migrate, waiting with backoff for as long as it
+// fails (a read-only standby after a failover, a lock, a revoked grant):
+// the health endpoint says why meanwhile. waiting, when set, is told each
+// failure. It returns nil once migrated, or ctx's error.
+func MigrateWhenReady(ctx context.Context, db *sqlx.DB, migrations fs.FS, b consumer.Backoff, log *slog.Logger, waiting func(error)) error {
+	var th consumer.Throttle
+	for attempt := 0; ; attempt++ {
+		applied, err := Migrate(ctx, db, migrations)
+		if err == nil {
+			if len(applied) > 0 {
+				log.Info("migrated", "applied", applied)
+			}
+			return nil
+		}
+		if waiting != nil {
+			waiting(err)
+		}
+		delay := b.Delay(attempt)
+		if due, _ := th.Due(attempt+1, err.Error()); due {
+			log.Error("migration failed, retrying", "err", err, "attempts", attempt+1, "delay_ms", delay.Milliseconds())
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
 		case <-time.After(delay):
 		}
 	}

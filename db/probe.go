@@ -23,7 +23,7 @@ func (in *Inbox) Probe(ctx context.Context) error {
 	err := inTx(ctx, in.db, func(tx *sqlx.Tx) error {
 		var outcome string
 		if err := tx.QueryRowxContext(ctx, `SELECT apply_event($1, 'TransferCreated', '\x00'::bytea, $2,
-			'transferconsumer-probe-a', 'transferconsumer-probe-b', 1, 'XXX')`, id, transfer).Scan(&outcome); err != nil {
+			'transferconsumer-probe-a', 'transferconsumer-probe-b', 1, 'XXX', NULL, NULL, NULL, NULL, NULL)`, id, transfer).Scan(&outcome); err != nil {
 			return err
 		}
 		return errProbed

@@ -46,11 +46,17 @@ func TestBinaryAppliesTheContractSampleOnce(t *testing.T) {
 	const eventID = "3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10"
 	e.publishRaw(prefix, "acc_00001", sample, eventID)
 	e.publishRaw(prefix, "acc_00001", sample, eventID)
-	e.publishRaw(prefix, "acc_00001", []byte(`{"eventId": 42}`), "")
+	// Poison whose eventId can be read: the dead letter's log line names it.
+	const poisonID = "9d0a9c1e-5b1f-4f0e-8f7a-2f7c1d3b4a55"
+	e.publishRaw(prefix, "acc_00001", []byte(strings.NewReplacer("3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10", poisonID,
+		"10000", "-100").Replace(string(sample))), "")
 	waitFor(t, 30*time.Second, "applied once, discarded once, dead-lettered once", func() bool {
 		return proc.count("outcome", "applied") == 1 && proc.count("outcome", "duplicate") == 1 &&
-			proc.count("outcome", "dead-letter") == 1
+			proc.count("outcome", "dead_lettered") == 1
 	})
+	if proc.count("event_id", poisonID) != 1 {
+		t.Errorf("the dead letter's log line does not name event %s", poisonID)
+	}
 
 	serviceDB := sqlx.MustOpen("postgres", du.String())
 	defer serviceDB.Close()
@@ -67,11 +73,16 @@ func TestBinaryAppliesTheContractSampleOnce(t *testing.T) {
 	if code := getJSON(t, base+"/readyz", &ready); code != 200 || ready["ready"] != true {
 		t.Errorf("/readyz = %d %v, want 200 and ready", code, ready)
 	}
+	waitFor(t, 30*time.Second, "the DLQ's depth in /metrics", func() bool {
+		return metricValue(getText(t, base+"/metrics"), "transferconsumer_dlq_messages") == 1
+	})
 	metrics := getText(t, base+"/metrics")
 	for _, want := range []string{
 		`transferconsumer_events_total{class="",outcome="applied"} 1`,
 		`transferconsumer_events_total{class="",outcome="duplicate"} 1`,
 		`transferconsumer_events_total{class="poison",outcome="dead_lettered"} 1`,
+		`transferconsumer_queues_blocked 0`,
+		`transferconsumer_unconsumed_queues 0`,
 		`transferconsumer_broker_connected 1`,
 		`transferconsumer_queues_consumed 2`,
 		`transferconsumer_database_up 1`,

@@ -99,7 +99,7 @@ func TestClusterNodeLossLosesNothing(t *testing.T) {
 	if err := proc.stop(syscall.SIGTERM, 30*time.Second); err != nil {
 		t.Errorf("exit after SIGTERM: %v", err)
 	}
-	if n := proc.count("outcome", "dead-letter"); n != 0 {
+	if n := proc.count("outcome", "dead_lettered"); n != 0 {
 		t.Errorf("%d events dead-lettered", n)
 	}
 	e.checkLifecycle(all)

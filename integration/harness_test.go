@@ -355,12 +355,24 @@ func (e *env) publish(tr transfer) {
 // publishRaw sends body to exchange with key and waits for the confirm.
 func (e *env) publishRaw(exchange, key string, body []byte, messageID string) {
 	e.t.Helper()
+	e.publishTo(exchange, key, body, messageID, nil)
+}
+
+// publishMsg sends body to the hash exchange with key and headers.
+func (e *env) publishMsg(key string, body []byte, messageID string, headers amqp.Table) {
+	e.t.Helper()
+	e.publishTo(prefix, key, body, messageID, headers)
+}
+
+func (e *env) publishTo(exchange, key string, body []byte, messageID string, headers amqp.Table) {
+	e.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	dc, err := e.pub.PublishWithDeferredConfirmWithContext(ctx, exchange, key, true, false, amqp.Publishing{
 		DeliveryMode: amqp.Persistent,
 		ContentType:  "application/json",
 		MessageId:    messageID,
+		Headers:      headers,
 		Body:         body,
 	})
 	if err != nil {

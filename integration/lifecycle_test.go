@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"transferconsumer/consumer"
 	"transferconsumer/db"
 )
@@ -268,5 +270,82 @@ func (e *env) checkLifecycle(events []transfer) {
 	}
 	if msgs := e.peekDLQ(); len(msgs) != 0 {
 		e.t.Errorf("DLQ holds %d messages, want none", len(msgs))
+	}
+}
+
+// A transition whose data contradicts its transfer ends the same whatever
+// the order it arrived in: not applied, no inbox row, dead-lettered as
+// invalid-transition with its original body, routing key and headers, and
+// counted. Before the creation it waits; the creation's transaction leaves
+// its dead letter in an outbox, published after the commit.
+func TestContradictingTransitionEndsTheSameInEveryOrder(t *testing.T) {
+	for _, order := range []string{"after its creation", "before its creation"} {
+		t.Run(order, func(t *testing.T) {
+			e := newEnv(t)
+			svc := e.start(2, nil)
+			tr := newTransfer("acc_o1_"+e.name, "acc_o2_"+e.name, 400)
+			wrong := transition(tr, consumer.EventTransferFailed)
+			wrong.Data.AmountMinor = 401
+			headers := amqp.Table{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+			if order == "after its creation" {
+				e.publish(tr)
+				e.publishMsg(wrong.Data.FromAccount, wrong.body(), wrong.EventID, headers)
+			} else {
+				e.publishMsg(wrong.Data.FromAccount, wrong.body(), wrong.EventID, headers)
+				e.publish(tr)
+			}
+			waitFor(t, 20*time.Second, "the transition dead-lettered", func() bool {
+				for _, d := range svc.rec.of(wrong.EventID) {
+					if d.Action == consumer.ActionDeadLetter {
+						return true
+					}
+				}
+				return false
+			})
+			if d := svc.rec.of(wrong.EventID); d[len(d)-1].Class != consumer.ClassTransition {
+				t.Errorf("decisions %+v, want the last dead-lettered as invalid-transition", d)
+			}
+			if s, b := e.transferState(tr.Data.TransferID), e.balance(tr.Data.ToAccount); s != "created" || b != 400 {
+				t.Errorf("state %q, balance %d; want created, 400 (the transition not applied)", s, b)
+			}
+			if n, p := e.inboxRows(wrong.EventID), e.pendingCount(); n != 0 || p != 0 {
+				t.Errorf("%d inbox rows and %d pending for the refused transition, want none", n, p)
+			}
+			var msgs []dlqMessage
+			waitFor(t, 10*time.Second, "the dead letter", func() bool { msgs = e.peekDLQ(); return len(msgs) == 1 })
+			m := msgs[0]
+			if m.header("x-failure-class") != "invalid-transition" || m.Payload != string(wrong.body()) ||
+				m.RoutingKey != wrong.Data.FromAccount || m.header("traceparent") != headers["traceparent"] ||
+				m.Properties["message_id"] != wrong.EventID {
+				t.Errorf("dead letter: class %v, key %q, traceparent %v, message_id %v, body %s",
+					m.header("x-failure-class"), m.RoutingKey, m.header("traceparent"), m.Properties["message_id"], m.Payload)
+			}
+		})
+	}
+}
+
+// A TransferCreated whose inbox row retention pruned long ago is a
+// duplicate, not an error: the transfer row, made by this very event,
+// proves it was applied.
+func TestCreationRedeliveredAfterItsInboxRowWasPrunedIsADuplicate(t *testing.T) {
+	e := newEnv(t)
+	tr := newTransfer("acc_p1_"+e.name, "acc_p2_"+e.name, 25)
+	if _, err := e.apply(t, tr); err != nil {
+		t.Fatal(err)
+	}
+	e.db.MustExec(`DELETE FROM processed_event WHERE event_id = $1`, tr.EventID) // as retention does
+	res, err := e.apply(t, tr)
+	if err != nil || !res.Duplicate {
+		t.Errorf("redelivered creation after pruning: %+v, %v; want a duplicate", res, err)
+	}
+	if b := e.balance(tr.Data.ToAccount); b != 25 {
+		t.Errorf("balance = %d, want 25", b)
+	}
+	// The same eventId with other data is not that event.
+	other := tr
+	other.Data.AmountMinor = 26
+	e.db.MustExec(`DELETE FROM processed_event WHERE event_id = $1`, tr.EventID)
+	if _, err := e.apply(t, other); consumer.ClassOf(context.Background(), err) != consumer.ClassTransition {
+		t.Errorf("other data under the pruned eventId: %v, want an invalid transition", err)
 	}
 }

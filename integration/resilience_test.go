@@ -144,7 +144,7 @@ func TestSIGTERMUnderLoadLosesNothing(t *testing.T) {
 		t.Errorf("exit after SIGTERM: %v, want status 0", err)
 	}
 	t.Logf("SIGTERM with %d of %d events applied: exited 0 in %s", e.inboxCount(), n, time.Since(start).Round(time.Millisecond))
-	if c := proc.count("outcome", "dead-letter"); c != 0 {
+	if c := proc.count("outcome", "dead_lettered"); c != 0 {
 		t.Errorf("%d events dead-lettered during shutdown", c)
 	}
 

@@ -1,0 +1,180 @@
+package consumer
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"transferconsumer/dlq"
+)
+
+// Message is what a delivery carried besides its decoded event: what a dead
+// letter of it needs, should the database decide so after the delivery was
+// acked (a transition that waited for its creation and then contradicts it).
+type Message struct {
+	RoutingKey  string
+	Body        []byte
+	Headers     amqp.Table
+	MessageID   string
+	ContentType string
+}
+
+// Outbox is implemented by an Applier whose transactions may leave dead
+// letters behind, to be published after the commit: a row a transaction
+// writes is not lost by a crash before the publish, and it is published at
+// least once.
+type Outbox interface {
+	// DrainOutbox hands each waiting letter to publish and forgets it once
+	// publish returned nil. It returns how many it published.
+	DrainOutbox(ctx context.Context, publish func(OutboxLetter) error) (int, error)
+}
+
+// OutboxLetter is a dead letter a transaction left behind.
+type OutboxLetter struct {
+	EventID, EventType, Class, Reason  string
+	RoutingKey, MessageID, ContentType string
+	Body                               []byte
+	Headers                            []byte // JSON, as HeadersJSON wrote it
+}
+
+// HeadersJSON returns the headers of a message as a JSON object, for the
+// database to keep: strings, numbers, booleans, times and nested tables as
+// such, anything else as its text. The broker's own x-delivery-count is left
+// out.
+func HeadersJSON(headers amqp.Table) []byte {
+	if len(headers) == 0 {
+		return nil
+	}
+	b, err := json.Marshal(jsonable(headers))
+	if err != nil {
+		return nil
+	}
+	return b
+}
+
+func jsonable(v any) any {
+	switch v := v.(type) {
+	case amqp.Table:
+		m := make(map[string]any, len(v))
+		for k, x := range v {
+			if k != "x-delivery-count" {
+				m[k] = jsonable(x)
+			}
+		}
+		return m
+	case []any:
+		out := make([]any, len(v))
+		for i, x := range v {
+			out[i] = jsonable(x)
+		}
+		return out
+	case string, bool, int, int8, int16, int32, int64, uint8, uint16, uint32, uint64, float32, float64, nil:
+		return v
+	case time.Time:
+		return v.UTC().Format(time.RFC3339Nano)
+	case []byte:
+		return string(v)
+	}
+	return fmt.Sprint(v)
+}
+
+// tableFromJSON is the way back: JSON numbers that are whole become int64.
+func tableFromJSON(b []byte) amqp.Table {
+	if len(b) == 0 {
+		return nil
+	}
+	var m map[string]any
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	if dec.Decode(&m) != nil {
+		return nil
+	}
+	return fromJSON(m).(amqp.Table)
+}
+
+func fromJSON(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		t := amqp.Table{}
+		for k, x := range v {
+			t[k] = fromJSON(x)
+		}
+		return t
+	case []any:
+		for i, x := range v {
+			v[i] = fromJSON(x)
+		}
+		return v
+	case json.Number:
+		if n, err := v.Int64(); err == nil {
+			return n
+		}
+		f, _ := v.Float64()
+		return f
+	}
+	return v
+}
+
+// drainOutbox publishes the dead letters the applier's transactions left
+// behind, each as a dead letter of its own with the failure headers, and
+// records and logs each as a decision. queue is where they are said to have
+// failed ("" when not known). It does nothing when the applier has no
+// outbox; a failure leaves the rest for the next drain.
+func (s *Service) drainOutbox(ctx context.Context, queue string, publish func(exchange, key string, msg amqp.Publishing) error) {
+	ob, ok := s.app.(Outbox)
+	if !ok {
+		return
+	}
+	_, err := ob.DrainOutbox(ctx, func(l OutboxLetter) error {
+		start := time.Now()
+		d := amqp.Delivery{
+			Exchange: s.cfg.Topology.Prefix, RoutingKey: l.RoutingKey, Body: l.Body, Headers: tableFromJSON(l.Headers),
+			MessageId: l.MessageID, ContentType: l.ContentType, Type: l.EventType,
+		}
+		msg := dlq.Copy(d, dlq.Failure{Class: l.Class, Reason: l.Reason, Queue: queue, Instance: s.cfg.Instance, At: start})
+		if err := publish(dlq.Exchange(s.cfg.Topology.Prefix), l.RoutingKey, msg); err != nil {
+			return err
+		}
+		dec := Decision{Queue: queue, EventID: l.EventID, EventType: l.EventType, Class: Class(l.Class),
+			Action: ActionDeadLetter, Err: fmt.Errorf("%s", l.Reason), Duration: time.Since(start)}
+		s.logDecision(dec, nil)
+		if s.cfg.Observe != nil {
+			s.cfg.Observe(dec)
+		}
+		return nil
+	})
+	if err != nil && ctx.Err() == nil {
+		s.log.Warn("dead letters left by transactions not all published; the next drain retries", "err", err)
+	}
+}
+
+// drainLoop drains the outbox every lookEvery until session ends, on a
+// dead-letter channel of its own: it picks up what a worker's drain right
+// after its commit could not publish, and what a crash left.
+func (s *Service) drainLoop(session context.Context, letters *letters) {
+	var pub *amqp.Channel
+	var returns <-chan amqp.Return
+	publish := func(exchange, key string, msg amqp.Publishing) error {
+		if pub == nil || pub.IsClosed() {
+			var err error
+			if pub, returns, err = letters.channel(); err != nil {
+				return err
+			}
+		}
+		return dlq.PublishConfirmed(session, pub, returns, exchange, key, msg)
+	}
+	tick := time.NewTicker(lookEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-session.Done():
+			return
+		case <-tick.C:
+			s.drainOutbox(session, "", publish)
+		}
+	}
+}

@@ -1,0 +1,75 @@
+package db
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jmoiron/sqlx"
+
+	"transferconsumer/consumer"
+)
+
+// outboxBatch is how many dead letters one drain transaction takes.
+const outboxBatch = 50
+
+// DrainOutbox hands each dead letter that an apply_event transaction left in
+// dead_letter_outbox to publish, and deletes it once publish returned nil,
+// in the same transaction. Rows are taken with SKIP LOCKED, so replicas
+// draining at once never publish the same row twice at the same time; a
+// publish that fails rolls the batch back, and what it had published goes
+// out again at the next drain (at least once). It returns how many it
+// published and deleted, and implements consumer.Outbox.
+func (in *Inbox) DrainOutbox(ctx context.Context, publish func(consumer.OutboxLetter) error) (int, error) {
+	total := 0
+	for {
+		n := 0
+		err := inTx(ctx, in.db, func(tx *sqlx.Tx) error {
+			var rows []struct {
+				ID          int64   `db:"id"`
+				EventID     string  `db:"event_id"`
+				EventType   string  `db:"event_type"`
+				Class       string  `db:"class"`
+				Reason      string  `db:"reason"`
+				RoutingKey  string  `db:"routing_key"`
+				Body        []byte  `db:"body"`
+				Headers     *string `db:"headers"`
+				MessageID   *string `db:"message_id"`
+				ContentType *string `db:"content_type"`
+			}
+			if err := tx.SelectContext(ctx, &rows, `
+				SELECT id, event_id, event_type, class, reason, routing_key, body, headers, message_id, content_type
+				FROM dead_letter_outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, outboxBatch); err != nil {
+				return fmt.Errorf("read dead_letter_outbox: %w", err)
+			}
+			for _, r := range rows {
+				l := consumer.OutboxLetter{EventID: r.EventID, EventType: r.EventType, Class: r.Class, Reason: r.Reason,
+					RoutingKey: r.RoutingKey, Body: r.Body, MessageID: deref(r.MessageID), ContentType: deref(r.ContentType)}
+				if r.Headers != nil {
+					l.Headers = []byte(*r.Headers)
+				}
+				if err := publish(l); err != nil {
+					return fmt.Errorf("publish dead letter of event %s: %w", r.EventID, err)
+				}
+				if _, err := tx.ExecContext(ctx, `DELETE FROM dead_letter_outbox WHERE id = $1`, r.ID); err != nil {
+					return fmt.Errorf("delete dead letter %d: %w", r.ID, err)
+				}
+				n++
+			}
+			return nil
+		})
+		if err != nil {
+			return total, translate(err)
+		}
+		total += n
+		if n < outboxBatch {
+			return total, nil
+		}
+	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"transferconsumer/consumer"
+)
+
+// health is what /readyz and the scrape-time gauges read. The HTTP server
+// starts before the database is open and before the consumer exists, so
+// that a probe is answered from the first instant; each part is filled in
+// as start-up gets to it.
+type health struct {
+	svc      atomic.Pointer[consumer.Service]
+	database atomic.Pointer[sqlx.DB]
+	starting atomic.Pointer[string] // why the database is not ready yet, during start-up
+}
+
+// setStarting records why start-up waits for the database.
+func (h *health) setStarting(format string, a ...any) {
+	s := fmt.Sprintf(format, a...)
+	h.starting.Store(&s)
+}
+
+// state returns the consumer's state; before it exists, nothing connected.
+func (h *health) state() consumer.State {
+	if svc := h.svc.Load(); svc != nil {
+		return svc.State()
+	}
+	return consumer.State{DLQDepth: -1}
+}
+
+// pingDB pings the database; before it is open, it returns why not.
+func (h *health) pingDB() error {
+	database := h.database.Load()
+	if database == nil {
+		if s := h.starting.Load(); s != nil {
+			return errors.New(*s)
+		}
+		return errors.New("not open yet")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	return database.PingContext(ctx)
+}
+
+// readiness returns /readyz's status and body: ready when the database
+// answers, the broker is connected, every queue has its consumer, none is
+// blocked and none beyond QUEUE_COUNT is left unconsumed; otherwise each
+// part that is not says why in words ("database", "broker"), beside the
+// figures.
+func (h *health) readiness() (int, map[string]any) {
+	st := h.state()
+	dbErr := h.pingDB()
+	body := map[string]any{
+		"broker_connected": st.Connected,
+		"queues_consumed":  st.Consuming,
+		"queues":           st.Queues,
+		"database_up":      dbErr == nil,
+		"database":         "ok",
+		"broker":           "ok",
+	}
+	ready := dbErr == nil
+	if dbErr != nil {
+		body["database"] = redactErr(dbErr)
+		body["database_error"] = body["database"]
+	}
+	switch {
+	case h.svc.Load() == nil:
+		body["broker"] = "not started: waiting for the database"
+	case !st.Connected && st.BrokerErr != "":
+		body["broker"] = redactText(st.BrokerErr)
+	case !st.Connected:
+		body["broker"] = "connecting"
+	case st.Consuming < st.Queues:
+		body["broker"] = fmt.Sprintf("consuming %d of %d queues", st.Consuming, st.Queues)
+	}
+	ready = ready && body["broker"] == "ok"
+	if len(st.Blocked) > 0 {
+		ready = false
+		blocked := make([]map[string]any, 0, len(st.Blocked))
+		for _, b := range st.Blocked {
+			blocked = append(blocked, map[string]any{
+				"queue": b.Queue, "event_id": b.EventID, "since": b.Since.UTC().Format(time.RFC3339Nano),
+				"class": string(b.Class), "attempts": b.Attempts, "reason": redactText(b.Reason),
+			})
+		}
+		body["blocked_queues"] = blocked
+	}
+	if len(st.Unconsumed) > 0 {
+		ready = false
+		body["unconsumed_queues"] = st.Unconsumed
+	}
+	if st.PublishBlocked != "" {
+		body["broker_alarm"] = st.PublishBlocked
+	}
+	body["ready"] = ready
+	if !ready {
+		return http.StatusServiceUnavailable, body
+	}
+	return http.StatusOK, body
+}
