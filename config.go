@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
-	"regexp"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -189,28 +188,3 @@ func newLogger(c config, w io.Writer) (*slog.Logger, func() error, error) {
 	}
 	return slog.New(flushAbove{h, slog.LevelWarn, sink}), sink.Close, nil
 }
-
-// redact hides the password of a URL, or of each in a comma-separated
-// list, so no log line or error carries it.
-func redact(raw string) string {
-	parts := strings.Split(raw, ",")
-	for i, p := range parts {
-		u, err := url.Parse(strings.TrimSpace(p))
-		if err != nil {
-			parts[i] = "(unparsable URL)"
-			continue
-		}
-		parts[i] = u.Redacted()
-	}
-	return strings.Join(parts, ",")
-}
-
-// userinfo matches the user:password@ part of a URL inside any text.
-var userinfo = regexp.MustCompile(`//[^/\s"@]*@`)
-
-// redactErr returns err's text with the credentials of any URL in it hidden:
-// a parse error quotes the URL it could not parse.
-func redactErr(err error) string { return redactText(err.Error()) }
-
-// redactText returns s with the credentials of any URL in it hidden.
-func redactText(s string) string { return userinfo.ReplaceAllString(s, "//xxxxx@") }

@@ -18,6 +18,8 @@ func TestConfigRejectsBadValuesNamingTheVariable(t *testing.T) {
 		{map[string]string{"AMQP_URL": "amqp://u:s3cret@node1/, http://node2/"}, "AMQP_URL: URL 2"},
 		{map[string]string{"DATABASE_URL": "mysql://db"}, "DATABASE_URL"},
 		{map[string]string{"DATABASE_URL": "::"}, "DATABASE_URL"},
+		{map[string]string{"DATABASE_URL": "host=h password=s3cret dbname=x"}, "DATABASE_URL"},
+		{map[string]string{"DATABASE_URL": "mysql://u@h/db?password=s3cret"}, "DATABASE_URL"},
 		{map[string]string{"DELIVERY_LIMIT": "0"}, "DELIVERY_LIMIT"},
 		{map[string]string{"SHUTDOWN_TIMEOUT": "soon"}, "SHUTDOWN_TIMEOUT"},
 		{map[string]string{"RETRY_MIN": "5s", "RETRY_MAX": "1s"}, "RETRY_MIN/RETRY_MAX"},
@@ -65,11 +67,69 @@ func TestHelpListsEveryVariable(t *testing.T) {
 	}
 }
 
-func TestRedactHidesPasswords(t *testing.T) {
-	for _, raw := range []string{"amqp://user:s3cret@host:5672/vh", "amqp://u:s3cret@n1/,amqp://u:s3cret@n2/"} {
-		if got := redact(raw); strings.Contains(got, "s3cret") {
-			t.Errorf("redact kept the password: %s", got)
-		}
+// A credential is hidden wherever it sits in a setting: a URL's userinfo
+// (even a password that should have been percent-encoded), a password or
+// sslpassword query parameter, lib/pq's key=value form.
+func TestRedactHidesEveryCredential(t *testing.T) {
+	tests := []struct{ setting, want string }{
+		{"amqp://user:s3cret@host:5672/vh", "amqp://user:xxxxx@host:5672/vh"},
+		{"amqp://u:s3cret@n1/,amqp://u:s3cret@n2/", "amqp://u:xxxxx@n1/,amqp://u:xxxxx@n2/"},
+		{"amqp://u:s3,cret@n1/, amqp://u:s3cret@n2/", "amqp://u:xxxxx@n1/, amqp://u:xxxxx@n2/"},
+		{"postgres://u@h/db?password=s3cret", "postgres://u@h/db?password=xxxxx"},
+		{"postgres://u@h/db?sslmode=verify-full&sslpassword=s3cret&connect_timeout=5",
+			"postgres://u@h/db?sslmode=verify-full&sslpassword=xxxxx&connect_timeout=5"},
+		{"postgres://u@h/db?pass%77ord=s3cret", "postgres://u@h/db?pass%77ord=xxxxx"},
+		{"postgres://u:s3cret@h/db?password=s3cret", "postgres://u:xxxxx@h/db?password=xxxxx"},
+		{"postgres://u:s3/cret@h/db", "postgres://u:xxxxx@h/db"},
+		{"postgres://u:s3cr@t@h/db", "postgres://u:xxxxx@h/db"},
+		{"postgres://u:s3?cret@h/db", "postgres://u:xxxxx@h/db"},
+		{"postgres://u:12#s3cret@h/db", "postgres://u:xxxxx@h/db"},
+		{"postgres://u:12/s3cret@h/db", "postgres://u:xxxxx@h/db"},
+		{"postgres://u:s3 cret@h/db", "postgres://u:xxxxx@h/db"},
+		{"host=h password=s3cret dbname=x", "host=h password=xxxxx dbname=x"},
+		{"host=h password = s3cret", "host=h password = xxxxx"},
+		{"host=h password='s3 cret' dbname=x", "host=h password=xxxxx dbname=x"},
+		{`password='it\'s s3cret' host=h`, "password=xxxxx host=h"},
+		{"host=h sslpassword=s3cret", "host=h sslpassword=xxxxx"},
+		{"host=h password='s3 cret", "host=h password=xxxxx"},
+		// Nothing to hide: the setting is printed as it is.
+		{"postgres://postgres@localhost:5432/transfers?sslmode=disable", "postgres://postgres@localhost:5432/transfers?sslmode=disable"},
+		{"amqp://guest@h/", "amqp://guest@h/"},
+		{"amqp://h:5672/vh", "amqp://h:5672/vh"},
+		{"postgres://u@h/db?password=", "postgres://u@h/db?password="},
+	}
+	for _, tt := range tests {
+		t.Run(tt.setting, func(t *testing.T) {
+			if got := redact(tt.setting); got != tt.want {
+				t.Errorf("redact = %s, want %s", got, tt.want)
+			}
+		})
+	}
+}
+
+// Errors quote settings: a *url.Error the whole URL, %q-quoted, with any
+// blank in it; a driver its key=value string.
+func TestRedactTextHidesCredentialsInErrors(t *testing.T) {
+	tests := []struct{ text, want string }{
+		{`parse "postgres://u:s3cret@h:x/db": invalid port ":x" after host`,
+			`parse "postgres://u:xxxxx@h:x/db": invalid port ":x" after host`},
+		{`parse "postgres://u:s3 cret@h/db": invalid character " " in host name`,
+			`parse "postgres://u:xxxxx@h/db": invalid character " " in host name`},
+		{`parse "postgres://u:s3/cret@h/db": invalid port ":s3" after host`,
+			`parse "postgres://u:xxxxx@h/db": invalid port ":s3" after host`},
+		{`parse "postgres://u@h/db?password=s3cret": bad`, `parse "postgres://u@h/db?password=xxxxx": bad`},
+		{"dial amqp://u:s3cret@n1:5672/: connection refused", "dial amqp://u:xxxxx@n1:5672/: connection refused"},
+		{"amqp://u:s3cret@n1/,amqp://u:s3cret@n2/: no node answers", "amqp://u:xxxxx@n1/,amqp://u:xxxxx@n2/: no node answers"},
+		{`cannot use "host=h password='s3 cret' dbname=x"`, `cannot use "host=h password=xxxxx dbname=x"`},
+		{"conninfo host=h password=s3cret sslpassword=s3cret", "conninfo host=h password=xxxxx sslpassword=xxxxx"},
+		{`pq: password authentication failed for user "u"`, `pq: password authentication failed for user "u"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.text, func(t *testing.T) {
+			if got := redactText(tt.text); got != tt.want {
+				t.Errorf("redactText = %s\nwant %s", got, tt.want)
+			}
+		})
 	}
 }
 
