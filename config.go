@@ -1,11 +1,13 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -46,9 +48,38 @@ type config struct {
 func loadConfig() (config, error) {
 	var c config
 	if err := envconfig.Process("", &c); err != nil {
+		if pe, ok := errors.AsType[*envconfig.ParseError](err); ok {
+			return c, fmt.Errorf("configuration: %s: %s", pe.KeyName, notConverted(pe))
+		}
 		return c, fmt.Errorf("configuration: %w", err)
 	}
 	return c, c.validate()
+}
+
+// notConverted says, by the type of its field, what form a value envconfig
+// could not convert should have: its own message names the Go field and
+// quotes strconv's details.
+func notConverted(pe *envconfig.ParseError) string {
+	var want string
+	switch pe.TypeName {
+	case "time.Duration":
+		want = "a duration (like 30s or 2m)"
+	case "bool":
+		want = "true or false"
+	case "int", "int8", "int16", "int32", "int64", "uint", "uint8", "uint16", "uint32", "uint64":
+		if errors.Is(pe.Err, strconv.ErrRange) {
+			return fmt.Sprintf("%q is out of range", pe.Value)
+		}
+		want = "a whole number"
+		if strings.HasPrefix(pe.TypeName, "uint") {
+			want = "a whole number, 0 or more"
+		}
+	case "float32", "float64":
+		want = "a number"
+	default:
+		return fmt.Sprintf("%q is not a valid %s: %v", pe.Value, pe.TypeName, pe.Err)
+	}
+	return fmt.Sprintf("%q is not %s", pe.Value, want)
 }
 
 // validate rejects values the service cannot run with, naming the variable.

@@ -43,6 +43,30 @@ func TestConfigRejectsBadValuesNamingTheVariable(t *testing.T) {
 	}
 }
 
+// A value of the wrong form is named with its variable and the form it
+// should have, in words, not in envconfig's and strconv's terms.
+func TestConfigSaysWhatFormAValueShouldHave(t *testing.T) {
+	tests := []struct{ name, value, want string }{
+		{"QUEUE_COUNT", "abc", `configuration: QUEUE_COUNT: "abc" is not a whole number`},
+		{"QUEUE_COUNT", "", `configuration: QUEUE_COUNT: "" is not a whole number`},
+		{"QUEUE_COUNT", "8.5", `configuration: QUEUE_COUNT: "8.5" is not a whole number`},
+		{"PRUNE_BATCH", "99999999999999999999", `configuration: PRUNE_BATCH: "99999999999999999999" is out of range`},
+		{"SHUTDOWN_TIMEOUT", "soon", `configuration: SHUTDOWN_TIMEOUT: "soon" is not a duration (like 30s or 2m)`},
+		{"RETRY_MIN", "100", `configuration: RETRY_MIN: "100" is not a duration (like 30s or 2m)`},
+		{"DECLARE_TOPOLOGY", "maybe", `configuration: DECLARE_TOPOLOGY: "maybe" is not true or false`},
+		{"PPROF", "yes", `configuration: PPROF: "yes" is not true or false`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
+			t.Setenv(tt.name, tt.value)
+			_, err := loadConfig()
+			if err == nil || err.Error() != tt.want {
+				t.Errorf("got  %v\nwant %s", err, tt.want)
+			}
+		})
+	}
+}
+
 func TestConfigDefaultsAreValid(t *testing.T) {
 	c, err := loadConfig()
 	if err != nil {
