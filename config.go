@@ -87,12 +87,24 @@ func (c config) validate() error {
 	bad := func(name, format string, a ...any) error {
 		return fmt.Errorf("configuration: %s: %s", name, fmt.Sprintf(format, a...))
 	}
-	for i, u := range c.amqpURLs() {
+	urls := c.amqpURLs()
+	for i, u := range urls {
+		name := "AMQP_URL"
+		if len(urls) > 1 {
+			name = fmt.Sprintf("AMQP_URL: URL %d", i+1)
+		}
+		if _, err := url.Parse(u); err != nil {
+			return bad(name, "not a URL (%s)", urlProblem(err, c.AMQPURL))
+		}
 		if _, err := amqp.ParseURI(u); err != nil {
-			return bad("AMQP_URL", "URL %d is not an AMQP URL: %v", i+1, redactErr(err))
+			return bad(name, "not an AMQP URL (%s)", urlProblem(err, c.AMQPURL))
 		}
 	}
-	if u, err := url.Parse(c.DatabaseURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" {
+	u, err := url.Parse(c.DatabaseURL)
+	if err != nil {
+		return bad("DATABASE_URL", "not a URL (%s)", urlProblem(err, c.DatabaseURL))
+	}
+	if (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" {
 		return bad("DATABASE_URL", "want postgres://user@host:port/database?sslmode=…, got %q", redact(c.DatabaseURL))
 	}
 	switch {
@@ -128,6 +140,21 @@ func (c config) validate() error {
 		return bad("LOG_FORMAT", "must be json or text, got %q", c.LogFormat)
 	}
 	return nil
+}
+
+// urlProblem says why setting, or one URL of its list, does not parse,
+// without quoting it: a *url.Error's text holds the whole URL, password
+// included, so the reason is its inner error, stripped of any fragment
+// that belongs to a credential.
+func urlProblem(err error, setting string) string {
+	if ue, ok := errors.AsType[*url.Error](err); ok {
+		err = ue.Err
+	}
+	reason, dropped := reasonWithoutCredentials(err.Error(), setting)
+	if dropped || strings.Contains(reason, "userinfo") {
+		reason += "; a / ? # @ % , or blank in a password must be percent-encoded"
+	}
+	return reason
 }
 
 // amqpURLs returns AMQP_URL's URLs: one, or one per node of a cluster.

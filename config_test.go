@@ -67,6 +67,47 @@ func TestConfigSaysWhatFormAValueShouldHave(t *testing.T) {
 	}
 }
 
+// A URL that does not parse is not quoted back: it may hold a password, and
+// url.Parse's error quotes all of it. The reason is kept, without any piece
+// of a password in it.
+func TestConfigURLErrorsSayWhyWithoutTheURL(t *testing.T) {
+	const encode = "; a / ? # @ % , or blank in a password must be percent-encoded"
+	tests := []struct{ name, value, want string }{
+		{"DATABASE_URL", "postgres://u:s3cret@h:x/db", `DATABASE_URL: not a URL (invalid port ":x" after host)`},
+		{"DATABASE_URL", "postgres://u:s3cret@[::1/db", `DATABASE_URL: not a URL (missing ']' in host)`},
+		{"DATABASE_URL", "postgres://u:s3/cret@h/db", `DATABASE_URL: not a URL (invalid port after host` + encode + `)`},
+		{"DATABASE_URL", "postgres://u:s3%cret@h/db", `DATABASE_URL: not a URL (invalid URL escape` + encode + `)`},
+		{"DATABASE_URL", "postgres://u:s3 cret@h/db", `DATABASE_URL: not a URL (net/url: invalid userinfo` + encode + `)`},
+		{"DATABASE_URL", "postgres://u@h:x/db?password=s3cret", `DATABASE_URL: not a URL (invalid port ":x" after host)`},
+		{"DATABASE_URL", "::", `DATABASE_URL: not a URL (missing protocol scheme)`},
+		{"DATABASE_URL", "mysql://u:s3cret@h/db?password=s3cret",
+			`DATABASE_URL: want postgres://user@host:port/database?sslmode=…, got "mysql://u:xxxxx@h/db?password=xxxxx"`},
+		{"DATABASE_URL", "host=h password='s3 cret' dbname=x",
+			`DATABASE_URL: want postgres://user@host:port/database?sslmode=…, got "host=h password=xxxxx dbname=x"`},
+		{"AMQP_URL", "amqp://u:s3cret@[::1", `AMQP_URL: not a URL (missing ']' in host)`},
+		{"AMQP_URL", "amqp://u:s3/cret@h/", `AMQP_URL: not a URL (invalid port after host` + encode + `)`},
+		{"AMQP_URL", "amqp://u:s3cret@n1/, amqp://u:s3cret@n2:x/", `AMQP_URL: URL 2: not a URL (invalid port ":x" after host)`},
+		{"AMQP_URL", "amqp://u:s3cret@n1/, http://n2/",
+			`AMQP_URL: URL 2: not an AMQP URL (AMQP scheme must be either 'amqp://' or 'amqps://')`},
+		// A comma in a password splits the list inside the userinfo.
+		{"AMQP_URL", "amqp://u:s3,cret@n1/", `AMQP_URL: URL 1: not a URL (invalid port after host` + encode + `)`},
+		{"AMQP_URL", "amqp://u:99999999999,s3cret@n1/",
+			`AMQP_URL: URL 1: not an AMQP URL (strconv.ParseInt: parsing: value out of range` + encode + `)`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
+			t.Setenv(tt.name, tt.value)
+			_, err := loadConfig()
+			if err == nil || err.Error() != "configuration: "+tt.want {
+				t.Errorf("got  %v\nwant configuration: %s", err, tt.want)
+			}
+			if err != nil && (strings.Contains(err.Error(), "s3") || strings.Contains(err.Error(), "999")) {
+				t.Errorf("error leaks the password: %v", err)
+			}
+		})
+	}
+}
+
 func TestConfigDefaultsAreValid(t *testing.T) {
 	c, err := loadConfig()
 	if err != nil {

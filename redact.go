@@ -3,6 +3,7 @@ package main
 import (
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 )
 
@@ -30,6 +31,9 @@ var (
 	// blanks around it, and a value either in single quotes (with backslash
 	// escapes; unterminated, it runs to the end) or up to the next blank.
 	keyValue = regexp.MustCompile(`(?i)((?:^|[\s"'(,;])\w*password\s*=\s*)('(?:[^'\\]|\\.)*'?|(?:\\.|[^\s"\\])*)`)
+	// quoted matches a Go-quoted string in an error's text, with the blank
+	// before it.
+	quoted = regexp.MustCompile(` ?"(?:[^"\\]|\\.)*"`)
 )
 
 // redact returns a connection setting (a URL, AMQP_URL's comma-separated
@@ -147,4 +151,22 @@ func hideKeyValues(s string) string {
 		}
 		return sub[1] + hidden
 	})
+}
+
+// reasonWithoutCredentials returns reason, an error's text about setting,
+// without the quoted fragments of setting that its redacted form does not
+// show, and whether it dropped any. A parser quotes the piece it stumbled
+// on, and that piece may be part of a password: a "/" in one ends the host
+// early, and url.Parse then reports the invalid port ":s3".
+func reasonWithoutCredentials(reason, setting string) (string, bool) {
+	shown := redact(setting)
+	dropped := false
+	reason = quoted.ReplaceAllStringFunc(reason, func(q string) string {
+		if s, err := strconv.Unquote(strings.TrimPrefix(q, " ")); err == nil && strings.Contains(shown, s) {
+			return q
+		}
+		dropped = true
+		return ""
+	})
+	return redactText(reason), dropped
 }
