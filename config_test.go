@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -119,16 +120,57 @@ func TestConfigDefaultsAreValid(t *testing.T) {
 	}
 }
 
+// --help lists every variable, and GOGC, which the runtime reads, as rows of
+// one table, each column starting where its heading does.
 func TestHelpListsEveryVariable(t *testing.T) {
 	var out bytes.Buffer
 	if err := run(t.Context(), []string{"--help"}, &out, &out); err != nil {
 		t.Fatal(err)
 	}
-	for _, v := range []string{"AMQP_URL", "DATABASE_URL", "QUEUE_COUNT", "TOPOLOGY_PREFIX", "DELIVERY_LIMIT",
-		"DECLARE_TOPOLOGY", "SHUTDOWN_TIMEOUT", "LOG_FORMAT", "migrate", "topology"} {
-		if !strings.Contains(out.String(), v) {
-			t.Errorf("--help does not mention %s", v)
+	for _, cmd := range []string{"migrate", "topology", "prune", "repartition", "dlq list", "dlq replay"} {
+		if !strings.Contains(out.String(), "  "+cmd) {
+			t.Errorf("--help does not mention the command %s", cmd)
 		}
+	}
+	_, table, ok := strings.Cut(out.String(), "\nVARIABLE ")
+	if !ok {
+		t.Fatalf("--help has no table of variables:\n%s", out.String())
+	}
+	table = "VARIABLE " + table
+	header, _, _ := strings.Cut(table, "\n")
+	defaultCol, meaningCol := strings.Index(header, "DEFAULT"), strings.Index(header, "MEANING")
+	rows := map[string]string{}
+	for _, line := range strings.Split(table, "\n")[1:] {
+		if line == "" {
+			break
+		}
+		name, _, _ := strings.Cut(line, " ")
+		rows[name] = line
+	}
+
+	tests := []struct{ name, meaning string }{
+		{"GOGC", "garbage-collection target"},
+	}
+	fields := reflect.TypeFor[config]()
+	for i := range fields.NumField() {
+		f := fields.Field(i)
+		tests = append(tests, struct{ name, meaning string }{f.Tag.Get("envconfig"), f.Tag.Get("desc")})
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			row, ok := rows[tt.name]
+			switch {
+			case !ok:
+				t.Fatalf("--help does not list %s", tt.name)
+			case len(row) <= meaningCol || row[meaningCol-1] != ' ' || row[meaningCol] == ' ':
+				t.Errorf("%s's meaning does not start under MEANING:\n%s\n%s", tt.name, header, row)
+			case row[defaultCol-1] != ' ' || !strings.Contains(row[meaningCol:], tt.meaning):
+				t.Errorf("%s's row is out of line or lacks %q:\n%s\n%s", tt.name, tt.meaning, header, row)
+			}
+		})
+	}
+	if want := len(tests); len(rows) != want {
+		t.Errorf("the table has %d rows, want %d", len(rows), want)
 	}
 }
 
