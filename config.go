@@ -1,12 +1,13 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/url"
 	"os"
-	"regexp"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -48,9 +49,38 @@ type config struct {
 func loadConfig() (config, error) {
 	var c config
 	if err := envconfig.Process("", &c); err != nil {
+		if pe, ok := errors.AsType[*envconfig.ParseError](err); ok {
+			return c, fmt.Errorf("configuration: %s: %s", pe.KeyName, notConverted(pe))
+		}
 		return c, fmt.Errorf("configuration: %w", err)
 	}
 	return c, c.validate()
+}
+
+// notConverted says, by the type of its field, what form a value envconfig
+// could not convert should have: its own message names the Go field and
+// quotes strconv's details.
+func notConverted(pe *envconfig.ParseError) string {
+	var want string
+	switch pe.TypeName {
+	case "time.Duration":
+		want = "a duration (like 30s or 2m)"
+	case "bool":
+		want = "true or false"
+	case "int", "int8", "int16", "int32", "int64", "uint", "uint8", "uint16", "uint32", "uint64":
+		if errors.Is(pe.Err, strconv.ErrRange) {
+			return fmt.Sprintf("%q is out of range", pe.Value)
+		}
+		want = "a whole number"
+		if strings.HasPrefix(pe.TypeName, "uint") {
+			want = "a whole number, 0 or more"
+		}
+	case "float32", "float64":
+		want = "a number"
+	default:
+		return fmt.Sprintf("%q is not a valid %s: %v", pe.Value, pe.TypeName, pe.Err)
+	}
+	return fmt.Sprintf("%q is not %s", pe.Value, want)
 }
 
 // validate rejects values the service cannot run with, naming the variable.
@@ -58,12 +88,24 @@ func (c config) validate() error {
 	bad := func(name, format string, a ...any) error {
 		return fmt.Errorf("configuration: %s: %s", name, fmt.Sprintf(format, a...))
 	}
-	for i, u := range c.amqpURLs() {
+	urls := c.amqpURLs()
+	for i, u := range urls {
+		name := "AMQP_URL"
+		if len(urls) > 1 {
+			name = fmt.Sprintf("AMQP_URL: URL %d", i+1)
+		}
+		if _, err := url.Parse(u); err != nil {
+			return bad(name, "not a URL (%s)", urlProblem(err, c.AMQPURL))
+		}
 		if _, err := amqp.ParseURI(u); err != nil {
-			return bad("AMQP_URL", "URL %d is not an AMQP URL: %v", i+1, redactErr(err))
+			return bad(name, "not an AMQP URL (%s)", urlProblem(err, c.AMQPURL))
 		}
 	}
-	if u, err := url.Parse(c.DatabaseURL); err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" {
+	u, err := url.Parse(c.DatabaseURL)
+	if err != nil {
+		return bad("DATABASE_URL", "not a URL (%s)", urlProblem(err, c.DatabaseURL))
+	}
+	if (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" {
 		return bad("DATABASE_URL", "want postgres://user@host:port/database?sslmode=…, got %q", redact(c.DatabaseURL))
 	}
 	switch {
@@ -99,6 +141,21 @@ func (c config) validate() error {
 		return bad("LOG_FORMAT", "must be json or text, got %q", c.LogFormat)
 	}
 	return nil
+}
+
+// urlProblem says why setting, or one URL of its list, does not parse,
+// without quoting it: a *url.Error's text holds the whole URL, password
+// included, so the reason is its inner error, stripped of any fragment
+// that belongs to a credential.
+func urlProblem(err error, setting string) string {
+	if ue, ok := errors.AsType[*url.Error](err); ok {
+		err = ue.Err
+	}
+	reason, dropped := reasonWithoutCredentials(err.Error(), setting)
+	if dropped || strings.Contains(reason, "userinfo") {
+		reason += "; a / ? # @ % , or blank in a password must be percent-encoded"
+	}
+	return reason
 }
 
 // amqpURLs returns AMQP_URL's URLs: one, or one per node of a cluster.
@@ -172,6 +229,10 @@ func printUsage(w io.Writer) error {
 	if err := envconfig.Usagef("", &config{}, tw, format); err != nil {
 		return err
 	}
+	// GOGC is the Go runtime's, not a field: main sets defaultGCPercent only
+	// when it is unset.
+	fmt.Fprintf(tw, "GOGC\t%d when unset\tGo's garbage-collection target, in percent of the live heap; the service's heap is small, "+
+		"so %[1]d trades about 12 MiB of memory for a quarter of the collections (BENCHMARKS.md)\n", defaultGCPercent)
 	fmt.Fprintln(tw)
 	return tw.Flush()
 }
@@ -198,28 +259,3 @@ func newLogger(c config, w io.Writer) (*slog.Logger, func() error, error) {
 	}
 	return slog.New(flushAbove{h, slog.LevelWarn, sink}), sink.Close, nil
 }
-
-// redact hides the password of a URL, or of each in a comma-separated
-// list, so no log line or error carries it.
-func redact(raw string) string {
-	parts := strings.Split(raw, ",")
-	for i, p := range parts {
-		u, err := url.Parse(strings.TrimSpace(p))
-		if err != nil {
-			parts[i] = "(unparsable URL)"
-			continue
-		}
-		parts[i] = u.Redacted()
-	}
-	return strings.Join(parts, ",")
-}
-
-// userinfo matches the user:password@ part of a URL inside any text.
-var userinfo = regexp.MustCompile(`//[^/\s"@]*@`)
-
-// redactErr returns err's text with the credentials of any URL in it hidden:
-// a parse error quotes the URL it could not parse.
-func redactErr(err error) string { return redactText(err.Error()) }
-
-// redactText returns s with the credentials of any URL in it hidden.
-func redactText(s string) string { return userinfo.ReplaceAllString(s, "//xxxxx@") }
