@@ -233,6 +233,15 @@ func printUsage(w io.Writer) error {
 	// when it is unset.
 	fmt.Fprintf(tw, "GOGC\t%d when unset\tGo's garbage-collection target, in percent of the live heap; the service's heap is small, "+
 		"so %[1]d trades about 12 MiB of memory for a quarter of the collections (BENCHMARKS.md)\n", defaultGCPercent)
+	// OpenTelemetry's standard variables, read by tracing.go and its
+	// exporter: traces go out only when one of the first two is set.
+	for _, v := range [][3]string{
+		{"OTEL_EXPORTER_OTLP_ENDPOINT", "", "OTLP/HTTP endpoint (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT); when set, each delivery and transaction is traced"},
+		{"OTEL_TRACES_EXPORTER", "", "otlp to trace (with the exporter's defaults), none to never trace"},
+		{"OTEL_SERVICE_NAME", "transferconsumer", "service.name of the spans"},
+	} {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", v[0], v[1], v[2])
+	}
 	fmt.Fprintln(tw)
 	return tw.Flush()
 }

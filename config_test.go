@@ -150,6 +150,9 @@ func TestHelpListsEveryVariable(t *testing.T) {
 
 	tests := []struct{ name, meaning string }{
 		{"GOGC", "garbage-collection target"},
+		{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTLP/HTTP endpoint"},
+		{"OTEL_TRACES_EXPORTER", "otlp to trace"},
+		{"OTEL_SERVICE_NAME", "service.name"},
 	}
 	fields := reflect.TypeFor[config]()
 	for i := range fields.NumField() {

@@ -42,7 +42,7 @@ func newTracer(ctx context.Context) (trace.Tracer, func(context.Context) error, 
 		return nil, none, fmt.Errorf("trace exporter: %w", err)
 	}
 	res, err := resource.Merge(resource.Default(),
-		resource.NewWithAttributes(semconv.SchemaURL, semconv.ServiceName(serviceName())))
+		resource.NewSchemaless(semconv.ServiceName(serviceName())))
 	if err != nil {
 		return nil, none, fmt.Errorf("trace resource: %w", err)
 	}
