@@ -124,7 +124,7 @@ func startWithDocker() (backend, func(), error) {
 	pool.MaxWait = 2 * time.Minute
 	rabbit, err := pool.RunWithOptions(&dockertest.RunOptions{
 		Repository: "rabbitmq",
-		Tag:        "3.13-management",
+		Tag:        "4.0-management",
 		Entrypoint: []string{"sh", "-c", "rabbitmq-plugins enable --offline rabbitmq_consistent_hash_exchange rabbitmq_shovel rabbitmq_shovel_management && exec docker-entrypoint.sh rabbitmq-server"},
 	})
 	if err != nil {
