@@ -116,6 +116,12 @@ routing key, each removed from the DLQ only after the broker confirmed it.
 Replaying an event that was already applied changes nothing, within the inbox
 retention (INBOX_TTL): letters that failed longer ago are left alone unless
 --include-older-than-ttl is given.
+
+Each run reads at most as many letters as the DLQ held when it started;
+letters that arrive meanwhile wait for the next run. replay marks the letters
+it puts back with the run's id (header x-replay-run) and never replays one
+that carries it: a letter that fails again at once is back in the DLQ when the
+run ends, replayed once. Run replay again to retry it.
 `
 
 func dlqCommand(cfg config, args []string, stdout io.Writer) error {
@@ -170,7 +176,12 @@ func dlqCommand(cfg config, args []string, stdout io.Writer) error {
 		if *dryRun {
 			verb = "would replay"
 		}
-		fmt.Fprintf(stdout, "scanned %d dead letter(s), %s %d\n", r.Scanned, verb, len(r.Replayed))
+		fmt.Fprintf(stdout, "scanned %d of the %d dead letter(s) the DLQ held at the start, %s %d\n",
+			r.Scanned, r.Depth, verb, len(r.Replayed))
+		if !*dryRun && len(r.Replayed) > 0 {
+			fmt.Fprintf(stdout, "replay run %s: in header %s of each letter it put back, also of one that failed again\n",
+				r.Run, dlq.HeaderReplayRun)
+		}
 		printLetters(stdout, r.Replayed)
 		return err
 	}
