@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -109,6 +110,7 @@ const dlqUsage = `Usage:
   transferconsumer dlq list [-n N]
   transferconsumer dlq replay [--class C] [--reason TEXT] [--event-id ID] [--limit N] [--dry-run]
                               [--include-older-than-ttl]
+  transferconsumer dlq help
 
 list shows how many dead letters there are by class and reason, and the first
 N. replay publishes the matching ones back to the exchange with their original
@@ -116,65 +118,113 @@ routing key, each removed from the DLQ only after the broker confirmed it.
 Replaying an event that was already applied changes nothing, within the inbox
 retention (INBOX_TTL): letters that failed longer ago are left alone unless
 --include-older-than-ttl is given.
+
+Each run reads at most as many letters as the DLQ held when it started;
+letters that arrive meanwhile wait for the next run. replay marks the letters
+it puts back with the run's id (header x-replay-run) and never replays one
+that carries it: a letter that fails again at once is back in the DLQ when the
+run ends, replayed once. Run replay again to retry it.
+
+Classes (--class): poison, producer-conflict, invalid-transition and
+data-rejected, set by the service; rejected, expired, maxlen and
+delivery_limit, the broker's reasons when it dead-lettered the message itself;
+unknown, a letter with neither.
 `
 
-func dlqCommand(cfg config, args []string, stdout io.Writer) error {
+// dlqArgs is a parsed dlq command line.
+type dlqArgs struct {
+	cmd        string // list or replay
+	first      int    // list: how many letters to show
+	filter     dlq.Filter
+	limit      int
+	dryRun     bool
+	includeOld bool // replay letters older than INBOX_TTL too
+}
+
+// parseDLQ parses the arguments of dlq; it needs neither the configuration
+// nor the broker. When they ask for help it prints the usage to help and
+// returns flag.ErrHelp; when they are wrong, an error that says why and
+// ends with the usage.
+func parseDLQ(args []string, help io.Writer) (dlqArgs, error) {
+	var a dlqArgs
 	if len(args) == 0 {
-		return errors.New("dlq needs list or replay\n" + dlqUsage)
+		return a, usageErr("dlq needs list or replay")
 	}
-	fset := flag.NewFlagSet("dlq "+args[0], flag.ContinueOnError)
-	fset.SetOutput(stdout)
-	fset.Usage = func() { fmt.Fprint(stdout, dlqUsage) }
-	switch args[0] {
+	a.cmd = args[0]
+	fset := flag.NewFlagSet("dlq "+a.cmd, flag.ContinueOnError)
+	fset.SetOutput(io.Discard) // its errors come back with the usage
+	fset.Usage = func() {}
+	switch a.cmd {
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(help, dlqUsage)
+		return a, flag.ErrHelp
 	case "list":
-		first := fset.Int("n", 20, "how many dead letters to show")
-		if err := fset.Parse(args[1:]); err != nil {
-			return flagErr(err)
-		}
-		conn, err := dial(cfg, "dlq-list")
-		if err != nil {
-			return err
-		}
-		defer conn.Close()
-		s, err := dlq.List(conn, cfg.Prefix, *first)
+		fset.IntVar(&a.first, "n", 20, "how many dead letters to show")
+	case "replay":
+		fset.StringVar(&a.filter.Class, "class", "", "only this failure class (see Classes above)")
+		fset.StringVar(&a.filter.Reason, "reason", "", "only letters whose reason contains this text")
+		fset.StringVar(&a.filter.EventID, "event-id", "", "only this event")
+		fset.IntVar(&a.limit, "limit", 0, "replay at most this many (0: all that match)")
+		fset.BoolVar(&a.dryRun, "dry-run", false, "show what would be replayed; change nothing")
+		fset.BoolVar(&a.includeOld, "include-older-than-ttl", false,
+			"also replay letters that failed longer than INBOX_TTL ago (the inbox may no longer know them)")
+	default:
+		return a, usageErr(fmt.Sprintf("unknown dlq command %q", a.cmd))
+	}
+	err := fset.Parse(args[1:])
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprintf(help, "%s\nFlags of dlq %s:\n", dlqUsage, a.cmd)
+		fset.SetOutput(help)
+		fset.PrintDefaults()
+		return a, err
+	case err != nil:
+		return a, usageErr(fmt.Sprintf("dlq %s: %v", a.cmd, err))
+	case fset.NArg() > 0:
+		return a, usageErr(fmt.Sprintf("dlq %s takes no arguments, got %q", a.cmd, fset.Args()))
+	case a.first < 0:
+		return a, usageErr(fmt.Sprintf("dlq list: -n must not be negative, got %d", a.first))
+	case a.limit < 0:
+		return a, usageErr(fmt.Sprintf("dlq replay: --limit must not be negative, got %d", a.limit))
+	case a.filter.Class != "" && !slices.Contains(dlq.Classes(), a.filter.Class):
+		return a, fmt.Errorf("dlq replay: no dead letter has --class %q; the classes are %s",
+			a.filter.Class, strings.Join(dlq.Classes(), ", "))
+	}
+	return a, nil
+}
+
+func usageErr(msg string) error { return fmt.Errorf("%s\n\n%s", msg, dlqUsage) }
+
+func dlqCommand(cfg config, a dlqArgs, stdout io.Writer) error {
+	conn, err := dial(cfg, "dlq-"+a.cmd)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if a.cmd == "list" {
+		s, err := dlq.List(conn, cfg.Prefix, a.first)
 		if err != nil {
 			return err
 		}
 		printSummary(stdout, dlq.Queue(cfg.Prefix), s)
 		return nil
-	case "replay":
-		var f dlq.Filter
-		fset.StringVar(&f.Class, "class", "", "only this failure class (poison, producer-conflict, delivery_limit, …)")
-		fset.StringVar(&f.Reason, "reason", "", "only letters whose reason contains this text")
-		fset.StringVar(&f.EventID, "event-id", "", "only this event")
-		limit := fset.Int("limit", 0, "replay at most this many (0: all that match)")
-		dryRun := fset.Bool("dry-run", false, "show what would be replayed; change nothing")
-		old := fset.Bool("include-older-than-ttl", false,
-			"also replay letters that failed longer than INBOX_TTL ago (the inbox may no longer know them)")
-		if err := fset.Parse(args[1:]); err != nil {
-			return flagErr(err)
-		}
-		if !*old {
-			f.FailedAfter = time.Now().Add(-cfg.InboxTTL)
-		}
-		if *limit < 0 {
-			return errors.New("dlq replay: --limit must not be negative")
-		}
-		conn, err := dial(cfg, "dlq-replay")
-		if err != nil {
-			return err
-		}
-		defer conn.Close()
-		r, err := dlq.Replay(conn, cfg.Prefix, f, *limit, *dryRun)
-		verb := "replayed"
-		if *dryRun {
-			verb = "would replay"
-		}
-		fmt.Fprintf(stdout, "scanned %d dead letter(s), %s %d\n", r.Scanned, verb, len(r.Replayed))
-		printLetters(stdout, r.Replayed)
-		return err
 	}
-	return fmt.Errorf("unknown dlq command %q\n%s", args[0], dlqUsage)
+	if !a.includeOld {
+		a.filter.FailedAfter = time.Now().Add(-cfg.InboxTTL)
+	}
+	r, err := dlq.Replay(conn, cfg.Prefix, a.filter, a.limit, a.dryRun)
+	verb := "replayed"
+	if a.dryRun {
+		verb = "would replay"
+	}
+	fmt.Fprintf(stdout, "scanned %d of the %d dead letter(s) the DLQ held at the start, %s %d\n",
+		r.Scanned, r.Depth, verb, len(r.Replayed))
+	if !a.dryRun && len(r.Replayed) > 0 {
+		fmt.Fprintf(stdout, "replay run %s: in header %s of each letter it put back, also of one that failed again\n",
+			r.Run, dlq.HeaderReplayRun)
+	}
+	printLetters(stdout, r.Replayed)
+	return err
 }
 
 func flagErr(err error) error {

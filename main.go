@@ -79,6 +79,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if cmd != "dlq" && cmd != "repartition" && len(args) > 0 {
 		return fmt.Errorf("%s takes no arguments, got %q", cmd, args)
 	}
+	var dlqCmd dlqArgs
+	if cmd == "dlq" { // before the configuration: help and a wrong flag need neither it nor the broker
+		var err error
+		if dlqCmd, err = parseDLQ(args, stdout); err != nil {
+			return flagErr(err)
+		}
+	}
 
 	cfg, err := loadConfig()
 	if err != nil {
@@ -101,7 +108,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "prune":
 		return pruneCommand(ctx, cfg, stdout)
 	case "dlq":
-		return dlqCommand(cfg, args, stdout)
+		return dlqCommand(cfg, dlqCmd, stdout)
 	case "repartition":
 		return repartitionCommand(ctx, cfg, args, stdout)
 	}

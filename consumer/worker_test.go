@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -185,6 +186,9 @@ func TestDecide(t *testing.T) {
 	for _, tt := range tests {
 		if got := decide(tt.class); got != tt.want {
 			t.Errorf("decide(%q) = %s, want %s", tt.class, got, tt.want)
+		}
+		if tt.want == ActionDeadLetter && !slices.Contains(dlq.Classes(), string(tt.class)) {
+			t.Errorf("dlq.Classes() lacks %q: dlq replay --class would refuse its letters", tt.class)
 		}
 	}
 }

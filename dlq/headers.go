@@ -21,6 +21,10 @@ const (
 	HeaderDeliveryCount    = "x-original-delivery-count"
 	// HeaderReplayedAt marks a message that Replay put back.
 	HeaderReplayedAt = "x-replayed-at"
+	// HeaderReplayRun names the Replay run that put a message back. The
+	// consumer's dead-letter copy and the broker's dead-lettering both keep
+	// it, so a run recognises a letter it replayed that failed again.
+	HeaderReplayRun = "x-replay-run"
 )
 
 // maxReason bounds the reason text: headers travel in one frame, and a long

@@ -64,6 +64,18 @@ func Describe(d amqp.Delivery) Letter {
 	return l
 }
 
+// Classes returns every class Describe can give a letter: the service's
+// own dead-letter classes (x-failure-class), the reasons the broker writes
+// in x-death when it dead-letters a message itself, and unknown for a
+// letter with neither header.
+func Classes() []string {
+	return []string{
+		"poison", "producer-conflict", "invalid-transition", "data-rejected",
+		"rejected", "expired", "maxlen", "delivery_limit",
+		"unknown",
+	}
+}
+
 // Filter selects dead letters. Empty fields match everything.
 type Filter struct {
 	Class   string // exact

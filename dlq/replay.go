@@ -2,6 +2,8 @@ package dlq
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"sort"
@@ -24,15 +26,21 @@ type Summary struct {
 	Letters []Letter // the first ones, in queue order
 }
 
-// List reads every dead letter of the topology with prefix without removing
-// any: it holds them unacknowledged while it reads and then returns them all.
-// The DLQ has no delivery limit, so returning them never drops one (on 3.x
-// they go back to the tail, so the order rotates). It keeps the first `first`
-// letters in the summary.
+// List reads the dead letters of the topology with prefix without removing
+// any: as many as the DLQ held when it started (letters that arrive while it
+// reads wait for the next look), holding them unacknowledged while it reads
+// and then returning them all. The DLQ has no delivery limit, so returning
+// them never drops one (on 3.x they go back to the tail, so the order
+// rotates). It keeps the first `first` letters in the summary.
 func List(conn *amqp.Connection, prefix string, first int) (Summary, error) {
 	var s Summary
+	ch, err := conn.Channel()
+	if err != nil {
+		return s, fmt.Errorf("open channel: %w", err)
+	}
+	defer ch.Close() // returns anything still held, should scan fail
 	counts := map[[2]string]int{}
-	_, err := scan(conn, prefix, func(_ *amqp.Channel, d amqp.Delivery, l Letter) (bool, bool, error) {
+	_, _, err = scan(ch, Queue(prefix), func(_ amqp.Delivery, l Letter) (bool, bool, error) {
 		s.Total++
 		counts[[2]string{l.Class, l.Reason}]++
 		if len(s.Letters) < first {
@@ -54,6 +62,8 @@ func List(conn *amqp.Connection, prefix string, first int) (Summary, error) {
 
 // ReplayReport says what Replay did.
 type ReplayReport struct {
+	Run      string // the run's id, in the x-replay-run header of every letter it put back
+	Depth    int    // dead letters in the DLQ when the run started: it scans no more
 	Scanned  int
 	Replayed []Letter // published back (or, on a dry run, that would be)
 }
@@ -64,11 +74,21 @@ type ReplayReport struct {
 // republication, so a failure midway loses nothing: at worst a letter is both
 // replayed and still in the DLQ, and the inbox makes a second replay
 // harmless. With dryRun it publishes nothing and removes nothing.
+//
+// A run ends: it scans no more letters than the DLQ held when it started,
+// and it never replays a letter that it put back itself and that failed
+// again (they carry its id in x-replay-run), so a letter that keeps failing
+// goes back once per run, not until the limit.
 func Replay(conn *amqp.Connection, prefix string, f Filter, limit int, dryRun bool) (ReplayReport, error) {
-	var r ReplayReport
+	r := ReplayReport{Run: newRunID()}
+	ch, err := conn.Channel()
+	if err != nil {
+		return r, fmt.Errorf("open channel: %w", err)
+	}
+	defer ch.Close() // returns anything still held, should scan fail
 	var returns chan amqp.Return
-	scanned, err := scan(conn, prefix, func(ch *amqp.Channel, d amqp.Delivery, l Letter) (bool, bool, error) {
-		if !f.Match(l) {
+	r.Scanned, r.Depth, err = scan(ch, Queue(prefix), func(d amqp.Delivery, l Letter) (bool, bool, error) {
+		if !replayable(d, l, f, r.Run) {
 			return true, false, nil
 		}
 		if !dryRun {
@@ -78,7 +98,7 @@ func Replay(conn *amqp.Connection, prefix string, f Filter, limit int, dryRun bo
 				}
 				returns = ch.NotifyReturn(make(chan amqp.Return, 1))
 			}
-			if err := republish(ch, returns, prefix, d, l); err != nil {
+			if err := republish(ch, returns, prefix, r.Run, d, l); err != nil {
 				return false, false, fmt.Errorf("replay event %s: %w", l.EventID, err)
 			}
 			if err := d.Ack(false); err != nil {
@@ -88,60 +108,29 @@ func Replay(conn *amqp.Connection, prefix string, f Filter, limit int, dryRun bo
 		r.Replayed = append(r.Replayed, l)
 		return limit == 0 || len(r.Replayed) < limit, !dryRun, nil
 	})
-	r.Scanned = scanned
 	return r, err
 }
 
-// scan gets the DLQ's messages one by one on its own channel, holding each
-// unacknowledged (so the next get returns the next message), and calls visit
-// until it says there is no more to do or the queue has no more. visit may
-// ack a message and says so; every message it did not ack is returned to the
-// DLQ at the end, with one nack of the highest delivery tag still held (a
-// multiple nack naming a tag already acked would be refused and close the
-// channel).
-func scan(conn *amqp.Connection, prefix string,
-	visit func(*amqp.Channel, amqp.Delivery, Letter) (more, acked bool, err error)) (int, error) {
-	ch, err := conn.Channel()
-	if err != nil {
-		return 0, fmt.Errorf("open channel: %w", err)
-	}
-	defer ch.Close() // returns anything still held, should the nack below fail
-	queue := Queue(prefix)
-	n := 0
-	var held uint64 // the highest delivery tag not acked
-	var visitErr error
-	for {
-		d, ok, err := ch.Get(queue, false)
-		if err != nil {
-			return n, fmt.Errorf("get from %s: %w", queue, err)
-		}
-		if !ok {
-			break
-		}
-		n++
-		more, acked, err := visit(ch, d, Describe(d))
-		if !acked {
-			held = d.DeliveryTag
-		}
-		if err != nil {
-			visitErr = err
-			break
-		}
-		if !more {
-			break
-		}
-	}
-	if held > 0 {
-		if err := ch.Nack(held, true, true); err != nil { // multiple, requeue
-			return n, errors.Join(visitErr, fmt.Errorf("return unreplayed letters to %s: %w", queue, err))
-		}
-	}
-	return n, visitErr
+// replayable reports whether run should replay d: it passes f and run did
+// not put it back already. Matching the run's own id, not a message id or
+// a time, holds for letters without an id and for several copies of one
+// event, and lets a later run replay what this one could not fix.
+func replayable(d amqp.Delivery, l Letter, f Filter, run string) bool {
+	by, _ := d.Headers[HeaderReplayRun].(string)
+	return by != run && f.Match(l)
+}
+
+// newRunID returns a random id for one Replay run.
+func newRunID() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return hex.EncodeToString(b)
 }
 
 // republish sends a dead letter back to the main exchange with its original
-// routing key and without its failure headers, and waits for the confirm.
-func republish(ch *amqp.Channel, returns <-chan amqp.Return, prefix string, d amqp.Delivery, l Letter) error {
+// routing key, without its failure headers and marked as put back by run,
+// and waits for the confirm.
+func republish(ch *amqp.Channel, returns <-chan amqp.Return, prefix, run string, d amqp.Delivery, l Letter) error {
 	headers := amqp.Table{}
 	for k, v := range d.Headers {
 		if strings.HasPrefix(k, "x-failure-") || strings.HasPrefix(k, "x-original-") ||
@@ -152,6 +141,7 @@ func republish(ch *amqp.Channel, returns <-chan amqp.Return, prefix string, d am
 		headers[k] = v
 	}
 	headers[HeaderReplayedAt] = time.Now().UTC().Format(time.RFC3339Nano)
+	headers[HeaderReplayRun] = run
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	return PublishConfirmed(ctx, ch, returns, prefix, l.RoutingKey, publishing(d, headers))

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	"transferconsumer/dlq"
+)
+
+// noBroker makes any attempt to load the configuration or reach the broker
+// fail, so that what passes needed neither.
+func noBroker(t *testing.T) {
+	t.Setenv("AMQP_URL", "amqp://guest:guest@127.0.0.1:1/")
+	t.Setenv("QUEUE_COUNT", "0")
+}
+
+func TestDLQHelpNeedsNoBroker(t *testing.T) {
+	noBroker(t)
+	tests := []struct {
+		args  []string
+		flags bool // the subcommand's flags are listed too
+	}{
+		{[]string{"dlq", "--help"}, false},
+		{[]string{"dlq", "-h"}, false},
+		{[]string{"dlq", "-help"}, false},
+		{[]string{"dlq", "help"}, false},
+		{[]string{"dlq", "list", "--help"}, true},
+		{[]string{"dlq", "list", "-h"}, true},
+		{[]string{"dlq", "replay", "--help"}, true},
+		{[]string{"dlq", "replay", "--class", "poison", "-h"}, true},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			if err := run(t.Context(), tt.args, &stdout, &stderr); err != nil {
+				t.Fatalf("exit with %v, want 0", err)
+			}
+			out := stdout.String()
+			if !strings.Contains(out, "Usage:") || !strings.Contains(out, "dlq replay [--class C]") {
+				t.Errorf("stdout is not the usage:\n%s", out)
+			}
+			if got := strings.Contains(out, "Flags of dlq"); got != tt.flags {
+				t.Errorf("flags listed: %v, want %v:\n%s", got, tt.flags, out)
+			}
+			if stderr.Len() > 0 {
+				t.Errorf("stderr: %s", stderr.String())
+			}
+		})
+	}
+}
+
+func TestDLQRejectsWrongArgumentsBeforeConnecting(t *testing.T) {
+	noBroker(t)
+	tests := []struct {
+		args  []string
+		want  []string
+		usage bool
+	}{
+		{[]string{"dlq"}, []string{"dlq needs list or replay"}, true},
+		{[]string{"dlq", "frobnicate"}, []string{`unknown dlq command "frobnicate"`}, true},
+		{[]string{"dlq", "list", "extra"}, []string{`dlq list takes no arguments, got ["extra"]`}, true},
+		{[]string{"dlq", "replay", "--dry-run", "poison"}, []string{"dlq replay takes no arguments"}, true},
+		{[]string{"dlq", "replay", "--bogus"}, []string{"dlq replay: flag provided but not defined: -bogus"}, true},
+		{[]string{"dlq", "list", "-n", "many"}, []string{"dlq list:", `invalid value "many"`}, true},
+		{[]string{"dlq", "list", "-n", "-1"}, []string{"-n must not be negative"}, true},
+		{[]string{"dlq", "replay", "--limit", "-1"}, []string{"--limit must not be negative"}, true},
+		{[]string{"dlq", "replay", "--class", "bogus"}, append([]string{`--class "bogus"`}, dlq.Classes()...), false},
+		{[]string{"dlq", "replay", "--class", "Poison"}, []string{`--class "Poison"`}, false},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			err := run(t.Context(), tt.args, &stdout, &stderr)
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error does not say %q:\n%v", w, err)
+				}
+			}
+			if got := strings.Contains(err.Error(), "Usage:"); got != tt.usage {
+				t.Errorf("usage in the error: %v, want %v", got, tt.usage)
+			}
+			if stdout.Len() > 0 {
+				t.Errorf("stdout: %s", stdout.String())
+			}
+		})
+	}
+}
+
+// Every class a dead letter can have is accepted and named in the usage.
+func TestDLQReplayAcceptsEveryClass(t *testing.T) {
+	for _, class := range dlq.Classes() {
+		a, err := parseDLQ([]string{"replay", "--class", class, "--limit", "3", "--dry-run"}, nil)
+		if err != nil || a.filter.Class != class || a.limit != 3 || !a.dryRun {
+			t.Errorf("--class %s: %+v, %v", class, a, err)
+		}
+		if !strings.Contains(dlqUsage, class) {
+			t.Errorf("the usage does not name class %s", class)
+		}
+	}
+}
