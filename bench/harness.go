@@ -179,7 +179,12 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 	r := result{Subject: subject, Queues: queues, Events: h.events}
 	t0 := time.Now()
 	name := "bench_" + randomHex()
-	vhostURL, dbURL, cleanup, err := h.prepare(name, queues)
+	// The baseline migrates its own database: its apply_event may differ.
+	schemaBy := h.service
+	if subject == "baseline" && h.baseline != "" {
+		schemaBy = h.baseline
+	}
+	vhostURL, dbURL, cleanup, err := h.prepare(name, queues, schemaBy)
 	defer cleanup()
 	if err != nil {
 		return r, err
@@ -462,9 +467,10 @@ func vmHWM(pid int) int {
 
 func tv(t syscall.Timeval) float64 { return float64(t.Sec) + float64(t.Usec)/1e6 }
 
-// prepare makes a vhost and a database, and lets the service binary create
-// its schema and topology in them, so that every subject meets the same.
-func (h *harness) prepare(name string, queues int) (string, string, func(), error) {
+// prepare makes a vhost and a database, and lets the service binary bin
+// create its schema and topology in them, so that every subject meets the
+// same (a baseline build, the schema it was written for).
+func (h *harness) prepare(name string, queues int, bin string) (string, string, func(), error) {
 	cleanups := []func(){}
 	cleanup := func() {
 		for i := len(cleanups) - 1; i >= 0; i-- {
@@ -495,7 +501,7 @@ func (h *harness) prepare(name string, queues int) (string, string, func(), erro
 	du, _ := url.Parse(h.dbURL)
 	du.Path = "/" + name
 	for _, sub := range []string{"migrate", "topology"} {
-		c := exec.Command(h.service, sub)
+		c := exec.Command(bin, sub)
 		c.Env = append(os.Environ(), "AMQP_URL="+au.String(), "DATABASE_URL="+du.String(), fmt.Sprintf("QUEUE_COUNT=%d", queues))
 		if out, err := c.CombinedOutput(); err != nil {
 			return "", "", cleanup, fmt.Errorf("%s: %v\n%s", sub, err, out)
