@@ -2,6 +2,7 @@ package db
 
 import (
 	"context"
+	"database/sql"
 	"database/sql/driver"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
 
 	"transferconsumer/consumer"
 )
@@ -21,8 +23,9 @@ import (
 type Inbox struct {
 	db *sqlx.DB
 
-	mu    sync.Mutex                // held to prepare apply and to reset pids
-	apply atomic.Pointer[sqlx.Stmt] // prepared once, re-prepared by database/sql per connection
+	mu    sync.Mutex                // held to prepare statements and to reset pids
+	apply atomic.Pointer[sqlx.Stmt] // apply_event, prepared once, re-prepared by database/sql per connection
+	batch atomic.Pointer[sqlx.Stmt] // apply_batch, likewise
 	pids  sync.Map                  // driver connection → its server process
 	npids atomic.Int64              // entries in pids
 }
@@ -105,38 +108,123 @@ type lane struct {
 }
 
 func (l *lane) Apply(ctx context.Context, ev consumer.Event) (consumer.Result, error) {
-	outcome, err := l.run(ctx, ev)
-	if err != nil {
+	var outcome string
+	if err := l.run(ctx, &l.in.apply, applyEventSQL, eventArgs(ev), &outcome); err != nil {
 		return consumer.Result{}, fmt.Errorf("apply event %s: %w", ev.ID, translate(err))
 	}
-	switch {
-	case outcome == "applied":
-		return consumer.Result{}, nil
-	case outcome == "applied+outbox":
-		return consumer.Result{Outbox: true}, nil
-	case outcome == "duplicate":
-		return consumer.Result{Duplicate: true}, nil
-	case strings.HasPrefix(outcome, "conflict:"):
-		return consumer.Result{}, consumer.Conflict(fmt.Errorf(
-			"producer conflict: event %s was applied with content fingerprint %s, this delivery has %x",
-			ev.ID, strings.TrimPrefix(outcome, "conflict:"), ev.Fingerprint))
-	}
-	return consumer.Result{}, fmt.Errorf("apply event %s: unexpected outcome %q", ev.ID, outcome)
+	o := result(ev, outcome)
+	return o.Result, o.Err
 }
 
-// run runs ev's transaction on the lane's connection and returns
-// apply_event's outcome.
-func (l *lane) run(ctx context.Context, ev consumer.Event) (string, error) {
-	if err := ctx.Err(); err != nil {
-		return "", err
+// ApplyBatch applies evs in one transaction: one call of apply_batch
+// (sql/0007), which claims them all in one statement and applies their
+// effects in order. It returns one outcome per event, as Apply would have
+// (a duplicate, or a producer conflict for that event alone); an error
+// means nothing of the batch was committed, classified as Apply's are: a
+// transition that contradicts its transfer or data the database refuses
+// is then one of the events, which the caller finds by splitting the
+// batch. It implements consumer.BatchLane.
+func (l *lane) ApplyBatch(ctx context.Context, evs []consumer.Event) ([]consumer.Outcome, error) {
+	var outcomes pq.StringArray
+	if err := l.run(ctx, &l.in.batch, applyBatchSQL, batchArgs(evs), &outcomes); err != nil {
+		return nil, fmt.Errorf("apply a batch of %d events from %s: %w", len(evs), evs[0].ID, translate(err))
 	}
-	stmt, err := l.in.statement(ctx)
+	if len(outcomes) != len(evs) {
+		return nil, fmt.Errorf("apply_batch answered %d outcomes for %d events", len(outcomes), len(evs))
+	}
+	out := make([]consumer.Outcome, len(evs))
+	for i, ev := range evs {
+		out[i] = result(ev, outcomes[i])
+	}
+	return out, nil
+}
+
+// result reads apply_event's answer for ev.
+func result(ev consumer.Event, outcome string) consumer.Outcome {
+	switch {
+	case outcome == "applied":
+		return consumer.Outcome{}
+	case outcome == "applied+outbox":
+		return consumer.Outcome{Result: consumer.Result{Outbox: true}}
+	case outcome == "duplicate":
+		return consumer.Outcome{Result: consumer.Result{Duplicate: true}}
+	case strings.HasPrefix(outcome, "conflict:"):
+		return consumer.Outcome{Err: consumer.Conflict(fmt.Errorf(
+			"producer conflict: event %s was applied with content fingerprint %s, this delivery has %x",
+			ev.ID, strings.TrimPrefix(outcome, "conflict:"), ev.Fingerprint))}
+	}
+	return consumer.Outcome{Err: fmt.Errorf("apply event %s: unexpected outcome %q", ev.ID, outcome)}
+}
+
+const (
+	applyEventSQL = `SELECT apply_event($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`
+	applyBatchSQL = `SELECT apply_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`
+)
+
+// message is what a transition keeps of its delivery, in case it waits for
+// its creation and then contradicts it (sql/0006); a creation never needs
+// it, and passes NULLs.
+type message struct {
+	key, id, contentType sql.NullString
+	body, headers        []byte
+}
+
+func messageOf(ev consumer.Event) message {
+	if ev.Type == consumer.EventTransferCreated {
+		return message{}
+	}
+	m := ev.Message
+	return message{
+		key: valid(m.RoutingKey), id: valid(m.MessageID), contentType: valid(m.ContentType),
+		body: m.Body, headers: consumer.HeadersJSON(m.Headers),
+	}
+}
+
+func valid(s string) sql.NullString { return sql.NullString{String: s, Valid: true} }
+
+// eventArgs are apply_event's arguments for ev.
+func eventArgs(ev consumer.Event) []any {
+	t, m := ev.Transfer, messageOf(ev)
+	return []any{ev.ID, ev.Type, ev.Fingerprint, t.ID, t.FromAccount, t.ToAccount, t.AmountMinor, t.Currency,
+		m.key, m.body, jsonb(m.headers), m.id, m.contentType}
+}
+
+// batchArgs are apply_batch's arguments for evs: one array per column.
+func batchArgs(evs []consumer.Event) []any {
+	n := len(evs)
+	var (
+		ids, types, transfers, froms, tos, currencies = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		fingerprints, bodies                          = make([][]byte, n), make([][]byte, n)
+		amounts                                       = make([]int64, n)
+		keys, headers, msgIDs, contentTypes           = make([]sql.NullString, n), make([]sql.NullString, n), make([]sql.NullString, n), make([]sql.NullString, n)
+	)
+	for i, ev := range evs {
+		t, m := ev.Transfer, messageOf(ev)
+		ids[i], types[i], fingerprints[i], transfers[i] = ev.ID, ev.Type, ev.Fingerprint, t.ID
+		froms[i], tos[i], amounts[i], currencies[i] = t.FromAccount, t.ToAccount, t.AmountMinor, t.Currency
+		keys[i], bodies[i], msgIDs[i], contentTypes[i] = m.key, m.body, m.id, m.contentType
+		if m.headers != nil {
+			headers[i] = valid(string(m.headers))
+		}
+	}
+	return []any{pq.Array(ids), pq.Array(types), pq.ByteaArray(fingerprints), pq.Array(transfers),
+		pq.Array(froms), pq.Array(tos), pq.Array(amounts), pq.Array(currencies),
+		pq.Array(keys), pq.ByteaArray(bodies), pq.Array(headers), pq.Array(msgIDs), pq.Array(contentTypes)}
+}
+
+// run runs one transaction on the lane's connection: the statement query
+// (prepared once, kept in stmt) with args, its one value scanned into dest.
+func (l *lane) run(ctx context.Context, stmt *atomic.Pointer[sqlx.Stmt], query string, args []any, dest any) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	prepared, err := l.in.statement(ctx, stmt, query)
 	if err != nil {
-		return "", err
+		return err
 	}
 	if l.conn == nil {
 		if err := l.pin(ctx); err != nil {
-			return "", err
+			return err
 		}
 	}
 	if ctx != l.watched {
@@ -160,18 +248,6 @@ func (l *lane) run(ctx context.Context, ev consumer.Event) (string, error) {
 		}
 	}
 
-	t := ev.Transfer
-	// A transition keeps its message, in case it waits for its creation and
-	// then contradicts it (sql/0006): a creation never needs it.
-	var m struct {
-		key, id, contentType *string
-		body, headers        []byte
-	}
-	if ev.Type != consumer.EventTransferCreated {
-		m.key, m.id, m.contentType = &ev.Message.RoutingKey, &ev.Message.MessageID, &ev.Message.ContentType
-		m.body, m.headers = ev.Message.Body, consumer.HeadersJSON(ev.Message.Headers)
-	}
-	var outcome string
 	var cancelled, ended bool
 	end := func() {
 		if !ended {
@@ -180,9 +256,7 @@ func (l *lane) run(ctx context.Context, ev consumer.Event) (string, error) {
 	}
 	quiet := context.Background()
 	err = inTx(quiet, l.conn, func(tx *sqlx.Tx) error {
-		if err := tx.StmtContext(quiet, stmt.Stmt).QueryRowContext(quiet,
-			ev.ID, ev.Type, ev.Fingerprint, t.ID, t.FromAccount, t.ToAccount, t.AmountMinor, t.Currency,
-			m.key, m.body, jsonb(m.headers), m.id, m.contentType).Scan(&outcome); err != nil {
+		if err := tx.StmtContext(quiet, prepared.Stmt).QueryRowContext(quiet, args...).Scan(dest); err != nil {
 			return err
 		}
 		// The COMMIT is never cancelled: a cancel that lands while it waits
@@ -213,7 +287,7 @@ func (l *lane) run(ctx context.Context, ev consumer.Event) (string, error) {
 	case !l.in.keepConns():
 		l.unpin()
 	}
-	return outcome, err
+	return err
 }
 
 // errCancelled is the error of an attempt whose statement a cancel was sent
@@ -326,23 +400,23 @@ func (in *Inbox) cancelBackend(pid int) {
 	in.db.ExecContext(ctx, `SELECT pg_cancel_backend($1)`, pid)
 }
 
-// statement prepares the apply_event call the first time it is needed. A
-// failure is not kept: the next event tries again.
-func (in *Inbox) statement(ctx context.Context) (*sqlx.Stmt, error) {
-	if stmt := in.apply.Load(); stmt != nil {
-		return stmt, nil
+// statement prepares query the first time it is needed and keeps it in
+// stmt. A failure is not kept: the next event tries again.
+func (in *Inbox) statement(ctx context.Context, stmt *atomic.Pointer[sqlx.Stmt], query string) (*sqlx.Stmt, error) {
+	if s := stmt.Load(); s != nil {
+		return s, nil
 	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if stmt := in.apply.Load(); stmt != nil {
-		return stmt, nil
+	if s := stmt.Load(); s != nil {
+		return s, nil
 	}
-	stmt, err := in.db.PreparexContext(ctx, `SELECT apply_event($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`)
+	s, err := in.db.PreparexContext(ctx, query)
 	if err != nil {
-		return nil, errors.Join(errors.New("prepare apply_event"), err)
+		return nil, errors.Join(fmt.Errorf("prepare %s", query), err)
 	}
-	in.apply.Store(stmt)
-	return stmt, nil
+	stmt.Store(s)
+	return s, nil
 }
 
 // jsonb passes JSON bytes as a jsonb parameter: as text, or NULL when there
