@@ -36,6 +36,8 @@ type config struct {
 	ReconnectMin    time.Duration `envconfig:"RECONNECT_MIN" default:"500ms" desc:"first wait before reconnecting to the broker or database"`
 	ReconnectMax    time.Duration `envconfig:"RECONNECT_MAX" default:"30s" desc:"longest wait between reconnects"`
 	DBMaxConns      int           `envconfig:"DB_MAX_CONNS" default:"0" desc:"database connection pool size (0: QUEUE_COUNT+4)"`
+	BatchMax        int           `envconfig:"BATCH_MAX" default:"1" desc:"most events a queue's worker applies in one transaction (and the queue's prefetch); 1 is one event per transaction; raise it (e.g. 50) to drain backlogs faster (adr/0006)"`
+	BatchLinger     time.Duration `envconfig:"BATCH_LINGER" default:"0s" desc:"how long a worker may wait for more events to fill a batch; 0 takes what has arrived, so a light load keeps its latency"`
 	HTTPAddr        string        `envconfig:"HTTP_ADDR" default:":8080" desc:"address of /healthz, /readyz and /metrics; empty to serve none"`
 	Pprof           bool          `envconfig:"PPROF" default:"false" desc:"serve Go's /debug/pprof on PPROF_ADDR, for profiling"`
 	PprofAddr       string        `envconfig:"PPROF_ADDR" default:"127.0.0.1:6060" desc:"address of /debug/pprof when PPROF=true; loopback by default: profiles are not for whoever reaches HTTP_ADDR"`
@@ -133,6 +135,10 @@ func (c config) validate() error {
 		return bad("PRUNE_BATCH", "must be between 1 and 100000, got %d", c.PruneBatch)
 	case c.DBMaxConns < 0:
 		return bad("DB_MAX_CONNS", "must not be negative, got %d", c.DBMaxConns)
+	case c.BatchMax < 1 || c.BatchMax > maxBatch:
+		return bad("BATCH_MAX", "must be between 1 and %d, got %d", maxBatch, c.BatchMax)
+	case c.BatchLinger < 0 || c.BatchLinger > time.Second:
+		return bad("BATCH_LINGER", "must be between 0 and 1s, got %s", c.BatchLinger)
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		return bad("LOG_LEVEL", "%v", err)
@@ -180,6 +186,11 @@ func (c config) instance() string {
 	return fmt.Sprintf("%s-%d", host, os.Getpid())
 }
 
+// maxBatch bounds BATCH_MAX: a batch's transaction holds the locks of all
+// its events until the commit, and its events wait for each other; beyond
+// a few hundred nothing more is amortised (adr/0006).
+const maxBatch = 500
+
 // pprofAddr is where /debug/pprof is served: nowhere unless PPROF=true.
 func (c config) pprofAddr() string {
 	if !c.Pprof {
@@ -215,6 +226,8 @@ func (c config) consumerConfig(log *slog.Logger) consumer.Config {
 		ReplicaCount:    c.ReplicaCount,
 		ShutdownTimeout: c.ShutdownTimeout,
 		ApplyTimeout:    c.ApplyTimeout,
+		BatchMax:        c.BatchMax,
+		BatchLinger:     c.BatchLinger,
 		Retry:           consumer.Backoff{Min: c.RetryMin, Max: c.RetryMax},
 		Reconnect:       c.backoff(),
 		Logger:          log,

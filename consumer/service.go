@@ -44,6 +44,25 @@ type Lane interface {
 	Close() // releases what the lane holds; it is not used again
 }
 
+// BatchLane is a Lane that can apply several events in one local
+// transaction (adr/0006).
+type BatchLane interface {
+	Lane
+	// ApplyBatch applies evs, in order, in one transaction, and returns one
+	// Outcome per event: its Result, or the error that event alone met (a
+	// producer conflict). An error for the whole batch means nothing of it
+	// was committed: the environment failed, or one of the events is one
+	// the database refuses (a contradicting transition, data it rejects),
+	// which the caller finds by splitting the batch.
+	ApplyBatch(ctx context.Context, evs []Event) ([]Outcome, error)
+}
+
+// Outcome is what applying one event of a batch did.
+type Outcome struct {
+	Result
+	Err error
+}
+
 // Prober is implemented by an Applier that can tell, without an event,
 // whether applying one would work now: after a broker session ended while a
 // queue was blocked, the service resumes consuming only once Probe passes,
@@ -75,11 +94,17 @@ type Config struct {
 	// priority, so that brokers whose single active consumer honours
 	// priorities (4.x) spread the queues over the replicas (see adr/0004).
 	ReplicaIndex, ReplicaCount int
-	ShutdownTimeout            time.Duration // how long the message in hand may take once shutdown starts
-	ApplyTimeout               time.Duration // one attempt to apply an event
-	Retry                      Backoff       // between attempts of a transient failure
-	Reconnect                  Backoff       // between broker sessions
-	Logger                     *slog.Logger
+	// BatchMax is the prefetch of each queue and the most events a worker
+	// applies in one transaction (adr/0006): it takes what has arrived, up
+	// to BatchMax, waiting at most BatchLinger for more. 1 is one event per
+	// transaction, acked alone.
+	BatchMax        int
+	BatchLinger     time.Duration
+	ShutdownTimeout time.Duration // how long the message in hand may take once shutdown starts
+	ApplyTimeout    time.Duration // one attempt to apply an event
+	Retry           Backoff       // between attempts of a transient failure
+	Reconnect       Backoff       // between broker sessions
+	Logger          *slog.Logger
 	// Observe, when set, is called once per delivery with the decision, after
 	// the ack, reject or dead-letter was sent. Tests and metrics use it.
 	Observe func(Decision)
@@ -168,6 +193,7 @@ type Service struct {
 
 	mu       sync.Mutex
 	blockedQ map[string]Blocked // by queue
+	narrowQ  map[string]bool    // queues taken one message at a time after a panic in a batch
 }
 
 // State is what readiness checks need to know about the broker side.
@@ -222,7 +248,7 @@ func New(cfg Config, app Applier) *Service {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Service{cfg: cfg, app: app, log: log, blockedQ: map[string]Blocked{}}
+	s := &Service{cfg: cfg, app: app, log: log, blockedQ: map[string]Blocked{}, narrowQ: map[string]bool{}}
 	s.dlqDepth.Store(-1)
 	return s
 }
@@ -423,11 +449,15 @@ func (s *Service) openWorker(conn *amqp.Connection, letters *letters, i int, wor
 	if err != nil {
 		return nil, fmt.Errorf("queue %s: open channel: %w", queue, err)
 	}
-	// Prefetch 1 per consumer: the message in hand is the only one the
-	// broker has given us, so order holds and a crash returns one message.
-	// Global QoS is not implemented for quorum queues (3.10 closes the
-	// connection with 540), hence global=false.
-	if err := ch.Qos(1, 0, false); err != nil {
+	// Prefetch BatchMax (1 unless batches are on) per consumer: what the
+	// broker gave us is the batch in hand at most, so order holds and a
+	// crash returns one batch. Global QoS is not implemented for quorum
+	// queues (3.10 closes the connection with 540), hence global=false.
+	prefetch, narrow := max(1, s.cfg.BatchMax), s.isNarrow(queue)
+	if narrow {
+		prefetch = 1
+	}
+	if err := ch.Qos(prefetch, 0, false); err != nil {
 		return nil, fmt.Errorf("queue %s: qos: %w", queue, err)
 	}
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
@@ -442,7 +472,7 @@ func (s *Service) openWorker(conn *amqp.Connection, letters *letters, i int, wor
 		return nil, fmt.Errorf("consume %s: %w", queue, err)
 	}
 	w := &worker{svc: s, queue: queue, tag: tag, ch: ch, closed: closed,
-		deliveries: deliveries, work: work, letters: letters}
+		deliveries: deliveries, work: work, letters: letters, narrow: narrow}
 	if lanes, ok := s.app.(Lanes); ok {
 		w.lane = lanes.Lane(s.cfg.ApplyTimeout)
 	}
@@ -502,6 +532,22 @@ func (s *Service) awaitHealthy(stop context.Context) error {
 		case <-time.After(delay):
 		}
 	}
+}
+
+func (s *Service) setNarrow(queue string, narrow bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if narrow {
+		s.narrowQ[queue] = true
+	} else {
+		delete(s.narrowQ, queue)
+	}
+}
+
+func (s *Service) isNarrow(queue string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.narrowQ[queue]
 }
 
 func (s *Service) clearAllBlocked() {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime/debug"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -36,6 +35,12 @@ type worker struct {
 	// traceID its trace, for log lines.
 	traced  context.Context
 	traceID string
+	// cancelled: the consumer was cancelled because the session ended.
+	cancelled bool
+	// narrow: after a panic in a batch, the worker takes one message at a
+	// time (prefetch 1) until one passes (see batch.go).
+	narrow bool
+	batch  []amqp.Delivery // reused by collect
 }
 
 // run handles deliveries until session ends or the channel fails. When
@@ -54,21 +59,34 @@ func (w *worker) run(session context.Context) error {
 				}
 				return fmt.Errorf("queue %s: consumer channel closed: %v", w.queue, reason)
 			}
-			if err := w.handle(session, d); err != nil {
+			if err := w.take(session, d); err != nil {
 				return err
 			}
 		case <-session.Done():
 		}
 	}
-	if err := w.ch.Cancel(w.tag, false); err != nil {
-		return nil // the channel is gone; the broker returns what it held
+	if !w.cancelled {
+		if err := w.ch.Cancel(w.tag, false); err != nil {
+			return nil // the channel is gone; the broker returns what it held
+		}
+		w.cancelled = true
 	}
 	for d := range w.deliveries {
-		if err := w.handle(session, d); err != nil {
+		if err := w.take(session, d); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// take handles d: alone, or, with BatchMax above 1, in a batch with what
+// else has arrived.
+func (w *worker) take(session context.Context, d amqp.Delivery) error {
+	if w.svc.cfg.BatchMax <= 1 {
+		return w.handle(session, d)
+	}
+	batch, _ := w.collect(d) // a closed channel shows at the next receive
+	return w.handleBatch(session, batch)
 }
 
 // handle decides the fate of one delivery and carries it out: ack after the
@@ -109,26 +127,16 @@ func (w *worker) handle(session context.Context, d amqp.Delivery) error {
 	case ActionAck:
 		sendErr = d.Ack(false)
 	case ActionDeadLetter:
-		dec.Action, sendErr = w.deadLetter(d, dec)
+		switch w.copyToDLQ(d, dec) {
+		case copied:
+			sendErr = d.Ack(false)
+		case copyCut:
+			dec.Action, sendErr = ActionRequeue, d.Nack(false, true)
+		case copyRefused:
+			sendErr = d.Reject(false)
+		}
 	case ActionRequeue:
-		if session.Err() != nil && w.ch != nil { // (unit tests have no channel)
-			// Cancel first, or the broker hands the message straight back
-			// to this consumer, and returning it again spends another of
-			// its deliveries. The broker takes the two in order.
-			_ = w.ch.Cancel(w.tag, false)
-		}
-		if dec.Class == ClassPanic {
-			// Reject: on every broker version (4.3+ included) a rejected
-			// requeue counts toward the quorum queue's delivery limit,
-			// which is what ends a crash loop.
-			sendErr = d.Reject(true)
-		} else {
-			// Shutdown, or a broker session that ended while the
-			// environment failed: not the message's doing. From 4.3 a
-			// nacked requeue does not count toward the delivery limit;
-			// before, both count the same.
-			sendErr = d.Nack(false, true)
-		}
+		sendErr = w.requeue(session, d, dec.Class)
 	}
 	dec.Duration = time.Since(start)
 	w.svc.logDecision(dec, sendErr)
@@ -155,11 +163,7 @@ func (w *worker) process(session context.Context, d amqp.Delivery) (id, typ stri
 	id, typ = d.MessageId, d.Type
 	defer func() {
 		if p := recover(); p != nil {
-			stack := debug.Stack()
-			w.svc.log.Error("panic while handling a message; it is requeued, and the delivery limit ends a loop",
-				"queue", w.queue, "event_id", id, "panic", fmt.Sprint(p), "stack", string(stack))
-			err = &classified{class: ClassPanic, err: fmt.Errorf("panic: %v", p)}
-			w.renewLane()
+			err = w.panicked(id, p)
 		}
 	}()
 	ev, err := Decode(d.Body, d.MessageId, d.Type)
@@ -185,36 +189,49 @@ func (w *worker) process(session context.Context, d amqp.Delivery) (id, typ stri
 // gives up only when session ends (shutdown, or a broken broker session)
 // or the broker closes the channel (the broker then has the message back).
 func (w *worker) apply(session context.Context, ev Event) (Result, int, error) {
-	b := Blocked{Queue: w.queue, EventID: ev.ID, TraceID: w.traceID}
+	var res Result
+	retries, err := w.retryInPlace(session, ev.ID, func() (err error) {
+		res, err = w.attempt(ev)
+		return err
+	})
+	return res, retries, err
+}
+
+// retryInPlace runs attempt, and again after a backoff for as long as it
+// fails for a reason the environment caused or nobody classified (apply
+// says why); eventID names what is retried in the blocked state and the
+// logs. It returns the retries made and attempt's last error.
+func (w *worker) retryInPlace(session context.Context, eventID string, attempt func() error) (int, error) {
+	b := Blocked{Queue: w.queue, EventID: eventID, TraceID: w.traceID}
 	var th Throttle
-	for attempt := 0; ; attempt++ {
-		res, err := w.attempt(ev)
+	for n := 0; ; n++ {
+		err := attempt()
 		class := ClassOf(session, err)
 		if decide(class) != ActionRetry {
 			if b.Attempts > 0 {
 				w.svc.clearBlocked(w.queue)
 			}
 			if b.Attempts > 0 && class != ClassShutdown {
-				w.svc.log.Info("queue unblocked", "queue", w.queue, "event_id", ev.ID, "attempts", b.Attempts,
+				w.svc.log.Info("queue unblocked", "queue", w.queue, "event_id", eventID, "attempts", b.Attempts,
 					"blocked_ms", time.Since(b.Since).Milliseconds())
 			}
-			return res, attempt, err
+			return n, err
 		}
 		if b.Attempts == 0 {
 			b.Since = time.Now()
 		}
-		b.Attempts, b.Class, b.Reason = attempt+1, class, err.Error()
+		b.Attempts, b.Class, b.Reason = n+1, class, err.Error()
 		w.svc.setBlocked(b)
-		delay := w.svc.cfg.Retry.Delay(attempt)
+		delay := w.svc.cfg.Retry.Delay(n)
 		logBlocked(w.svc.log, &th, b, delay)
 		if w.svc.cfg.ObserveRetry != nil {
-			w.svc.cfg.ObserveRetry(Retry{Queue: w.queue, EventID: ev.ID, Attempt: attempt + 1, Delay: delay, Err: err})
+			w.svc.cfg.ObserveRetry(Retry{Queue: w.queue, EventID: eventID, Attempt: n + 1, Delay: delay, Err: err})
 		}
 		select {
 		case <-session.Done():
-			return res, attempt, err // the queue stays reported blocked until the next session resumes it
+			return n, err // the queue stays reported blocked until the next session resumes it
 		case e := <-w.closed:
-			return res, attempt, fmt.Errorf("%w; the broker closed the channel meanwhile: %v", err, e)
+			return n, fmt.Errorf("%w; the broker closed the channel meanwhile: %v", err, e)
 		case <-time.After(delay):
 		}
 	}
@@ -260,15 +277,24 @@ func (w *worker) close() {
 	}
 }
 
-// deadLetter publishes a copy of d with the failure headers to the
-// dead-letter exchange, waits for the broker's confirm, and only then acks d.
-// The wait has no limit of its own: under a resource alarm the broker
-// confirms once the alarm passes, and this queue waits meanwhile. If the
-// copy is refused (nack, unroutable, its connection lost), d is rejected
-// without requeue, and the queue's at-least-once dead-lettering keeps it;
-// if shutdown cuts the wait short, d is requeued. Either way nothing is
-// lost, and at worst the DLQ holds a letter twice. It returns what it did.
-func (w *worker) deadLetter(d amqp.Delivery, dec Decision) (Action, error) {
+// copyFate is what became of a dead letter's copy, and so of the original.
+type copyFate int
+
+const (
+	copied      copyFate = iota // confirmed: ack the original
+	copyCut                     // shutdown cut the wait: requeue the original
+	copyRefused                 // nacked, unroutable, connection lost: reject the original without requeue
+)
+
+// copyToDLQ publishes a copy of d with the failure headers to the
+// dead-letter exchange and waits for the broker's confirm. The wait has no
+// limit of its own: under a resource alarm the broker confirms once the
+// alarm passes, and this queue waits meanwhile. The caller then acks d; or,
+// if the copy was refused, rejects it without requeue, so that the queue's
+// at-least-once dead-lettering keeps it; or, if shutdown cut the wait,
+// requeues it. Either way nothing is lost, and at worst the DLQ holds a
+// letter twice.
+func (w *worker) copyToDLQ(d amqp.Delivery, dec Decision) copyFate {
 	msg := dlq.Copy(d, dlq.Failure{
 		Class:    string(dec.Class),
 		Reason:   dec.Err.Error(),
@@ -279,15 +305,35 @@ func (w *worker) deadLetter(d amqp.Delivery, dec Decision) (Action, error) {
 	err := w.publish(dlq.Exchange(w.svc.cfg.Topology.Prefix), d.RoutingKey, msg)
 	switch {
 	case err == nil:
-		return ActionDeadLetter, d.Ack(false)
+		return copied
 	case errors.Is(context.Cause(w.work), ErrShutdown):
 		w.svc.log.Warn("shutdown before the dead-letter copy was confirmed; requeued",
 			"queue", w.queue, "event_id", dec.EventID)
-		return ActionRequeue, d.Nack(false, true)
+		return copyCut
 	}
 	w.svc.log.Error("dead-letter copy not confirmed, rejecting to the broker's dead-lettering",
 		"queue", w.queue, "event_id", dec.EventID, "err", err)
-	return ActionDeadLetter, d.Reject(false)
+	return copyRefused
+}
+
+// requeue returns d to its queue. After a broker session ended, the
+// consumer is cancelled first, or the broker hands the message straight
+// back to this consumer, and returning it again spends another of its
+// deliveries (the broker takes the two in order). A panic is returned with
+// Reject, which every broker version counts toward the quorum queue's
+// delivery limit: that ends a crash loop. Anything else (shutdown, a broker
+// session that ended while the environment failed) is not the message's
+// doing and is returned with Nack, which from RabbitMQ 4.3 does not count
+// (before, both count the same).
+func (w *worker) requeue(session context.Context, d amqp.Delivery, class Class) error {
+	if session.Err() != nil && w.ch != nil && !w.cancelled { // (unit tests have no channel)
+		_ = w.ch.Cancel(w.tag, false)
+		w.cancelled = true
+	}
+	if class == ClassPanic {
+		return d.Reject(true)
+	}
+	return d.Nack(false, true)
 }
 
 func (w *worker) publishConfirmed(exchange, key string, msg amqp.Publishing) error {
