@@ -41,14 +41,19 @@ func TestCrashLoopEndsInDLQAtTheDeliveryLimit(t *testing.T) {
 	e.publish(good)
 	svc := e.start(2, app)
 
+	// With batches, the event behind may have been in hand with the one
+	// that panicked: it is returned with it once (adr/0006), then applied.
 	waitFor(t, 30*time.Second, "the event behind it to be applied", func() bool {
 		ds := svc.rec.of(good.EventID)
-		return len(ds) == 1 && ds[0].Action == consumer.ActionAck
+		return len(ds) > 0 && ds[len(ds)-1].Action == consumer.ActionAck && (len(ds) == 1 || batchMax() > 1 && len(ds) == 2)
 	})
 	waitFor(t, 10*time.Second, "the crashing event in the DLQ", func() bool { return len(e.peekDLQ()) == 1 })
 
-	if got, want := attempts.Load(), int64(e.limit+1); got != want {
+	if got, want := len(svc.rec.of(bad.EventID)), e.limit+1; got != want {
 		t.Errorf("the crashing event was delivered %d times, want limit+1 = %d", got, want)
+	}
+	if attempts.Load() < int64(e.limit+1) {
+		t.Errorf("the crashing event was handled %d times, want at least one per delivery", attempts.Load())
 	}
 	for i, d := range svc.rec.of(bad.EventID) {
 		if d.Action != consumer.ActionRequeue || d.Class != consumer.ClassPanic || d.DeliveryCount != int64(i) {
@@ -141,8 +146,9 @@ func TestDatabaseOutageDeadLettersNothing(t *testing.T) {
 	})
 	top := e.topology(2)
 	held := n - e.ready(top.Queue(0)) - e.ready(top.Queue(1))
-	if want := svc.retryingQueues(); held != want {
-		t.Errorf("%d messages taken from the queues during the outage, want %d (one in hand per queue with events)", held, want)
+	if want := svc.retryingQueues(); batchMax() == 1 && held != want || held > want*batchMax() {
+		t.Errorf("%d messages taken from the queues during the outage, want %d, at most BATCH_MAX=%d in hand per queue with events",
+			held, want, batchMax())
 	}
 	if svc.rec.count() != 0 {
 		t.Errorf("decisions made while the database was down: %+v", svc.rec.all)

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -208,6 +209,7 @@ func (e *env) startWith(queues int, app consumer.Applier, configure func(*consum
 		Instance:        s.instance,
 		ShutdownTimeout: 10 * time.Second,
 		ApplyTimeout:    10 * time.Second,
+		BatchMax:        batchMax(),
 		Retry:           consumer.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond},
 		Reconnect:       consumer.Backoff{Min: 50 * time.Millisecond, Max: time.Second},
 		Logger:          slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: testLogLevel()})),
@@ -244,6 +246,16 @@ func (e *env) startWith(queues int, app consumer.Applier, configure func(*consum
 		return true
 	})
 	return s
+}
+
+// batchMax is the BATCH_MAX the tests' services run with: TEST_BATCH_MAX,
+// 1 by default. CI runs the suite once with 1 and once with 50.
+func batchMax() int {
+	n, err := strconv.Atoi(os.Getenv("TEST_BATCH_MAX"))
+	if err != nil || n < 1 {
+		return 1
+	}
+	return n
 }
 
 // testLogLevel is the level of the in-process services' logs: TEST_LOG_LEVEL,

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"io"
 	"net"
 	"sync"
 	"testing"
@@ -19,6 +18,10 @@ type proxy struct {
 	ln     net.Listener
 	conns  map[net.Conn]struct{}
 	wg     sync.WaitGroup
+	// held, while frozen, stops what clients send from reaching the
+	// server; what the server sends still flows. thaw ends a freeze.
+	held sync.RWMutex
+	thaw func()
 }
 
 func newProxy(t *testing.T, target string) *proxy {
@@ -69,15 +72,51 @@ func (p *proxy) pipe(client net.Conn) {
 	}
 	p.conns[client], p.conns[server] = struct{}{}, struct{}{}
 	p.mu.Unlock()
-	for _, pair := range [][2]net.Conn{{client, server}, {server, client}} {
+	for _, pair := range []struct {
+		dst, src net.Conn
+		hold     bool
+	}{{server, client, true}, {client, server, false}} {
 		p.wg.Add(1)
-		go func(dst, src net.Conn) {
+		go func() {
 			defer p.wg.Done()
-			_, _ = io.Copy(dst, src)
-			dst.Close()
-			src.Close()
-		}(pair[0], pair[1])
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := pair.src.Read(buf)
+				if n > 0 {
+					if pair.hold {
+						p.held.RLock()
+					}
+					_, werr := pair.dst.Write(buf[:n])
+					if pair.hold {
+						p.held.RUnlock()
+					}
+					if werr != nil {
+						break
+					}
+				}
+				if err != nil {
+					break
+				}
+			}
+			pair.dst.Close()
+			pair.src.Close()
+		}()
 	}
+}
+
+// freeze stops forwarding what clients send, until thaw (at the latest
+// when the test ends): a broker behind it sees no more acks, while its
+// deliveries still arrive.
+func (p *proxy) freeze() {
+	p.held.Lock()
+	thawed := false
+	var once sync.Once
+	p.thaw = func() { once.Do(func() { thawed = true; p.held.Unlock() }) }
+	p.t.Cleanup(func() {
+		if !thawed {
+			p.thaw()
+		}
+	})
 }
 
 // down refuses new connections and resets the open ones.

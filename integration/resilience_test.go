@@ -125,6 +125,7 @@ func (e *env) serviceEnv(queues int, extra ...string) []string {
 		"AMQP_URL=" + e.amqpURL, "DATABASE_URL=" + e.dbURL, fmt.Sprintf("QUEUE_COUNT=%d", queues),
 		fmt.Sprintf("DELIVERY_LIMIT=%d", e.limit), "HTTP_ADDR=127.0.0.1:0",
 		"RETRY_MIN=20ms", "RETRY_MAX=500ms", "RECONNECT_MIN=50ms", "RECONNECT_MAX=2s",
+		fmt.Sprintf("BATCH_MAX=%d", batchMax()),
 	}, extra...)
 }
 
