@@ -58,6 +58,8 @@ type harness struct {
 	tmp, service, self      string
 	logs                    string // where subjects' logs go: memory when possible
 	baseline                string // another build of the service, or ""
+	batch                   int    // BATCH_MAX of the subject "batch"
+	steadyRate              int    // events/s of a steady load instead of a backlog, or 0
 	bodies                  [][]byte
 	keys                    []string
 }
@@ -189,7 +191,7 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 	if err != nil {
 		return r, err
 	}
-	if subject != "dbonly" {
+	if subject != "dbonly" && h.steadyRate == 0 {
 		if err := h.publish(vhostURL); err != nil {
 			return r, fmt.Errorf("publish the backlog: %w", err)
 		}
@@ -210,7 +212,7 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 		fmt.Sprintf("BENCH_QUEUES=%d", queues), fmt.Sprintf("BENCH_EVENTS=%d", h.events),
 		fmt.Sprintf("BENCH_ACCOUNTS=%d", h.accounts))
 	switch subject {
-	case "service", "baseline":
+	case "service", "baseline", "batch":
 		bin := h.service
 		if subject == "baseline" {
 			if h.baseline == "" {
@@ -218,9 +220,13 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 			}
 			bin = h.baseline
 		}
+		batch := 1
+		if subject == "batch" {
+			batch = h.batch
+		}
 		cmd = exec.Command(bin)
 		env = append(env, "AMQP_URL="+vhostURL, "DATABASE_URL="+dbURL, fmt.Sprintf("QUEUE_COUNT=%d", queues),
-			"HTTP_ADDR="+h.httpAddr(), "INSTANCE_NAME="+name)
+			"HTTP_ADDR="+h.httpAddr(), "INSTANCE_NAME="+name, fmt.Sprintf("BATCH_MAX=%d", batch))
 		if h.profileDir != "" {
 			env = append(env, "PPROF=true")
 		}
@@ -278,6 +284,16 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 		stopProfile := make(chan struct{})
 		defer close(stopProfile)
 		go h.profileService(profileBase, stopProfile)
+	}
+
+	// A steady load starts once the subject consumes every queue.
+	var steady *steadyLoad
+	if h.steadyRate > 0 {
+		if err := waitConsumers(vhostURL, queues, exited); err != nil {
+			cmd.Process.Kill()
+			return r, fmt.Errorf("%w\n%s", err, readTail(logPath))
+		}
+		steady = h.startSteady(vhostURL)
 	}
 
 	// The window measured runs from the first event applied (or acked) to
@@ -378,7 +394,11 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 	var s summary
 	switch {
 	case cgOut != "": // killed: no latency summary
-	case subject == "service" || subject == "baseline":
+	case steady != nil:
+		if s, err = steady.latency(db); err != nil {
+			return r, err
+		}
+	case subject == "service" || subject == "baseline" || subject == "batch":
 		if s, err = serviceLatency(logPath); err != nil {
 			return r, err
 		}
