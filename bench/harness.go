@@ -59,6 +59,7 @@ type harness struct {
 	logs                    string // where subjects' logs go: memory when possible
 	baseline                string // another build of the service, or ""
 	batch                   int    // BATCH_MAX of the subject "batch"
+	baselineBatch           int    // BATCH_MAX of the subject "baseline"
 	steadyRate              int    // events/s of a steady load instead of a backlog, or 0
 	bodies                  [][]byte
 	keys                    []string
@@ -221,8 +222,11 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 			bin = h.baseline
 		}
 		batch := 1
-		if subject == "batch" {
+		switch subject {
+		case "batch":
 			batch = h.batch
+		case "baseline":
+			batch = h.baselineBatch
 		}
 		cmd = exec.Command(bin)
 		env = append(env, "AMQP_URL="+vhostURL, "DATABASE_URL="+dbURL, fmt.Sprintf("QUEUE_COUNT=%d", queues),

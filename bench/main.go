@@ -50,6 +50,7 @@ func main() {
 	subjects := flag.String("subjects", "service,peer,bare,dbonly,ackonly", "what to measure; the order turns by one at each queue count")
 	baseline := flag.String("baseline", "", "another build of the service, measured as the subject baseline (add it to -subjects)")
 	batch := flag.Int("batch", 50, "BATCH_MAX of the subject batch (the service; the subject service runs with 1)")
+	baselineBatch := flag.Int("baseline-batch", 1, "BATCH_MAX of the subject baseline")
 	steady := flag.Int("steady", 0, "instead of draining a backlog, publish -events events at this many per second while the subject runs, and report their latency from publishing to the inbox")
 	rounds := flag.Int("rounds", 1, "measure every subject this many times at each queue count; the ratios are then of medians")
 	warmup := flag.Int("warmup", 4000, "events the bare loop drains, unmeasured, before the first measurement")
@@ -70,7 +71,7 @@ func main() {
 	if err != nil {
 		fail(err)
 	}
-	h.batch, h.steadyRate = *batch, *steady
+	h.batch, h.baselineBatch, h.steadyRate = *batch, max(*baselineBatch, 1), *steady
 	defer h.close()
 	onFail = h.close // fail exits without running deferred calls
 	if h.callgrindDir = *callgrind; h.callgrindDir != "" {
