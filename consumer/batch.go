@@ -29,17 +29,17 @@ import (
 // also reports whether the deliveries channel closed meanwhile.
 func (w *worker) collect(first amqp.Delivery) ([]amqp.Delivery, bool) {
 	batch := append(w.batch[:0], first)
-	max := w.svc.cfg.BatchMax
+	limit := w.svc.cfg.BatchMax
 	if w.narrow {
-		max = 1
+		limit = 1
 	}
 	var linger <-chan time.Time
-	if w.svc.cfg.BatchLinger > 0 && max > 1 {
+	if w.svc.cfg.BatchLinger > 0 && limit > 1 {
 		t := time.NewTimer(w.svc.cfg.BatchLinger)
 		defer t.Stop()
 		linger = t.C
 	}
-	for len(batch) < max {
+	for len(batch) < limit {
 		select {
 		case d, ok := <-w.deliveries:
 			if !ok {
