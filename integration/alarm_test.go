@@ -33,8 +33,11 @@ func TestAlarmHoldsOnlyThePoisonsQueue(t *testing.T) {
 
 	clearAlarm := setMemoryAlarm(t, ctl)
 	svc := e.start(2, nil)
+	// With batches, some of the events behind the poison may be applied
+	// too (their batch commits before it settles), but they are not acked
+	// before the poison's copy is confirmed.
 	waitFor(t, 60*time.Second, "the events on the other queue applied during the alarm", func() bool {
-		return e.inboxCount() == len(events)-behind
+		return e.inboxCount() >= len(events)-behind
 	})
 	if !memoryAlarm(t) {
 		t.Fatal("the alarm passed before the test could look: the result proves nothing")
