@@ -171,6 +171,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, migrations fs.FS) 
 	ccfg := cfg.consumerConfig(log)
 	ccfg.Observe = m.decided
 	ccfg.ObserveRetry = m.retried
+	ccfg.ObserveBatch = func(n int) { m.batches.Observe(float64(n)) }
 	ccfg.Tracer = tracer
 	svc := consumer.New(ccfg, db.NewInbox(database))
 	h.svc.Store(svc)

@@ -19,6 +19,7 @@ type metrics struct {
 	events    *prometheus.CounterVec
 	latency   *prometheus.HistogramVec
 	retries   prometheus.Counter
+	batches   prometheus.Histogram
 	conflicts prometheus.Counter
 	pruned    prometheus.Counter
 
@@ -49,6 +50,11 @@ func newMetrics(h *health) *metrics {
 			Namespace: ns, Name: "producer_conflicts_total",
 			Help: "Deliveries whose eventId was applied before with other content; alert on any increase.",
 		}),
+		batches: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: ns, Name: "batch_size",
+			Help:    "Deliveries taken in one batch (BATCH_MAX above 1): how full the batches are.",
+			Buckets: []float64{1, 2, 5, 10, 20, 50, 100, 200, 500},
+		}),
 		pruned: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Name: "inbox_pruned_rows_total",
 			Help: "Inbox rows removed by retention.",
@@ -71,7 +77,7 @@ func newMetrics(h *health) *metrics {
 		return 0
 	}
 	m.registry.MustRegister(
-		m.events, m.latency, m.retries, m.conflicts, m.pruned,
+		m.events, m.latency, m.retries, m.conflicts, m.pruned, m.batches,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		gauge("broker_connected", "1 while a broker connection is up.",

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"runtime/debug"
 	"time"
 
@@ -39,15 +40,23 @@ func (w *worker) collect(first amqp.Delivery) ([]amqp.Delivery, bool) {
 		defer t.Stop()
 		linger = t.C
 	}
-	for len(batch) < limit {
+	for yielded := false; len(batch) < limit; {
 		select {
 		case d, ok := <-w.deliveries:
 			if !ok {
 				return batch, true
 			}
 			batch = append(batch, d)
+			yielded = false
 			continue
 		default:
+		}
+		if !yielded {
+			// A delivery that has arrived may still be on its way through
+			// the client's buffering goroutine: let it run once.
+			runtime.Gosched()
+			yielded = true
+			continue
 		}
 		if linger == nil {
 			break // nothing more has arrived: no waiting for it

@@ -111,6 +111,9 @@ type Config struct {
 	// ObserveRetry, when set, is called before each in-place retry of a
 	// transient failure.
 	ObserveRetry func(Retry)
+	// ObserveBatch, when set, is called with the size of each batch taken
+	// (BatchMax above 1).
+	ObserveBatch func(size int)
 	// Tracer, when set, traces each delivery and each attempt of its
 	// transaction (trace.go); nil costs nothing.
 	Tracer trace.Tracer

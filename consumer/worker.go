@@ -86,6 +86,9 @@ func (w *worker) take(session context.Context, d amqp.Delivery) error {
 		return w.handle(session, d)
 	}
 	batch, _ := w.collect(d) // a closed channel shows at the next receive
+	if w.svc.cfg.ObserveBatch != nil {
+		w.svc.cfg.ObserveBatch(len(batch))
+	}
 	return w.handleBatch(session, batch)
 }
 
