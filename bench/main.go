@@ -47,7 +47,7 @@ func main() {
 	}
 	queues := flag.String("queues", "1,8,32", "queue counts to measure")
 	events := flag.Int("events", 40_000, "events in each backlog")
-	subjects := flag.String("subjects", "service,peer,bare,dbonly,ackonly", "what to measure; the order turns by one at each queue count")
+	subjects := flag.String("subjects", "service,batch,peer,bare,dbonly,ackonly", "what to measure; the order turns by one at each queue count")
 	baseline := flag.String("baseline", "", "another build of the service, measured as the subject baseline (add it to -subjects)")
 	batch := flag.Int("batch", 50, "BATCH_MAX of the subject batch (the service; the subject service runs with 1)")
 	baselineBatch := flag.Int("baseline-batch", 1, "BATCH_MAX of the subject baseline")
@@ -58,7 +58,19 @@ func main() {
 	svg := flag.String("svg", "bench-throughput.svg", "plot of events/s against queue count")
 	callgrind := flag.String("callgrind", "", "run the consumers under valgrind's callgrind and report their user-space instructions per event, writing the counts into this directory (slow; use few events)")
 	profiles := flag.String("cpuprofile", "", "write CPU profiles of every subject into this directory (slows them: not for the table)")
+	report := flag.String("report", "", "print the table and write the plot of an earlier run's results (its -out file), measuring nothing")
 	flag.Parse()
+	if *report != "" {
+		results, err := readJSON(*report)
+		if err != nil {
+			fail(err)
+		}
+		printTable(os.Stdout, results)
+		if err := writeSVG(*svg, results); err != nil {
+			fail(err)
+		}
+		return
+	}
 	var qs []int
 	for _, s := range strings.Split(*queues, ",") {
 		q, err := strconv.Atoi(strings.TrimSpace(s))

@@ -59,6 +59,7 @@ func printTable(w io.Writer, results []result) {
 		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t\n", q, runs, ratio("peer", rate), ratio("bare", rate), ratio("bare", cpuPerEvent))
 	}
 	tw.Flush()
+	printBatchRatios(w, results)
 	printInstructions(w, results)
 
 	if !hasSubject(results, "baseline") {
@@ -82,7 +83,7 @@ func instrPerEvent(r result) float64 { return r.InstrPerEvent }
 // times, so they hold from run to run on a busy machine.
 func printInstructions(w io.Writer, results []result) {
 	var subjects []string
-	for _, s := range []string{"service", "baseline", "peer", "bare"} {
+	for _, s := range []string{"service", "batch", "baseline", "peer", "bare"} {
 		for _, r := range results {
 			if r.Subject == s && r.InstrPerEvent > 0 {
 				subjects = append(subjects, s)
@@ -154,6 +155,15 @@ func queueCounts(results []result) []int {
 	return qs
 }
 
+func readJSON(path string) ([]result, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var results []result
+	return results, json.Unmarshal(b, &results)
+}
+
 func writeJSON(path string, results []result) error {
 	b, err := json.MarshalIndent(results, "", "  ")
 	if err != nil {
@@ -194,9 +204,9 @@ func writeSVG(path string, results []result) error {
 		fmt.Fprintf(&b, `<text x="%d" y="%.0f" text-anchor="end">%.0f</text>`+"\n", left-6, y(v)+4, v)
 		fmt.Fprintf(&b, `<line x1="%d" y1="%.0f" x2="%d" y2="%.0f" stroke="#ddd"/>`+"\n", left, y(v), w-right, y(v))
 	}
-	colors := map[string]string{"service": "#d62728", "peer": "#1f77b4", "bare": "#2ca02c", "dbonly": "#999999", "ackonly": "#bbbbbb"}
+	colors := map[string]string{"service": "#d62728", "batch": "#ff7f0e", "peer": "#1f77b4", "bare": "#2ca02c", "dbonly": "#999999", "ackonly": "#bbbbbb"}
 	legend := 0
-	for _, subject := range []string{"service", "peer", "bare", "dbonly", "ackonly"} {
+	for _, subject := range []string{"service", "batch", "peer", "bare", "dbonly", "ackonly"} {
 		var pts []string
 		for i, q := range qs {
 			if v, n := median(results, subject, q, rate); n > 0 {
@@ -219,4 +229,22 @@ func writeSVG(path string, results []result) error {
 	}
 	b.WriteString("</svg>\n")
 	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// printBatchRatios prints, when the subject batch was measured beside the
+// service, how many times its events/s and latency are the service's
+// (BATCH_MAX=-batch against BATCH_MAX=1).
+func printBatchRatios(w io.Writer, results []result) {
+	if !hasSubject(results, "batch") || !hasSubject(results, "service") {
+		return
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "queues	events/s batch/service	p99 batch/service	CPU per event batch/service	")
+	p99 := func(r result) float64 { return r.P99ms }
+	for _, q := range queueCounts(results) {
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t\n", q, medianRatio(results, "batch", "service", q, rate),
+			medianRatio(results, "batch", "service", q, p99), medianRatio(results, "batch", "service", q, cpuPerEvent))
+	}
+	tw.Flush()
 }
