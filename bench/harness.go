@@ -567,18 +567,11 @@ func (h *harness) settle() error {
 // publish sends the backlog with publisher confirms, 1,000 outstanding at a
 // time, before any clock starts.
 func (h *harness) publish(vhostURL string) error {
-	conn, err := amqp.Dial(vhostURL)
+	conn, ch, err := confirmChannel(vhostURL)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	if err := ch.Confirm(false); err != nil {
-		return err
-	}
 	ctx := context.Background()
 	var pending []*amqp.DeferredConfirmation
 	flush := func() error {
@@ -604,6 +597,23 @@ func (h *harness) publish(vhostURL string) error {
 		}
 	}
 	return flush()
+}
+
+// confirmChannel connects to vhostURL and opens a channel in confirm mode.
+func confirmChannel(vhostURL string) (*amqp.Connection, *amqp.Channel, error) {
+	conn, err := amqp.Dial(vhostURL)
+	if err != nil {
+		return nil, nil, err
+	}
+	ch, err := conn.Channel()
+	if err == nil {
+		err = ch.Confirm(false)
+	}
+	if err != nil {
+		conn.Close()
+		return nil, nil, err
+	}
+	return conn, ch, nil
 }
 
 func (h *harness) mgmt(method, path string, body any) error {

@@ -38,18 +38,11 @@ func (h *harness) startSteady(vhostURL string) *steadyLoad {
 }
 
 func (h *harness) publishSteady(vhostURL string, l *steadyLoad) error {
-	conn, err := amqp.Dial(vhostURL)
+	conn, ch, err := confirmChannel(vhostURL)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	if err := ch.Confirm(false); err != nil {
-		return err
-	}
 	tick := time.NewTicker(time.Second / time.Duration(h.steadyRate))
 	defer tick.Stop()
 	ctx := context.Background()

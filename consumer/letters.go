@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"transferconsumer/dlq"
 )
 
 // letters publishes dead-letter copies on a broker connection of their own.
@@ -53,6 +56,26 @@ func (p *letters) channel() (*amqp.Channel, <-chan amqp.Return, error) {
 		return nil, nil, fmt.Errorf("confirm mode: %w", err)
 	}
 	return ch, ch.NotifyReturn(make(chan amqp.Return, 1)), nil
+}
+
+// letterChannel is one goroutine's channel on the dead-letter connection,
+// opened at its first dead letter and again after it closed.
+type letterChannel struct {
+	letters *letters
+	ch      *amqp.Channel
+	returns <-chan amqp.Return
+}
+
+// publish publishes msg and returns nil only once the broker confirmed it
+// (dlq.PublishConfirmed), waiting as long as ctx lasts.
+func (c *letterChannel) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
+	if c.ch == nil || c.ch.IsClosed() {
+		var err error
+		if c.ch, c.returns, err = c.letters.channel(); err != nil {
+			return err
+		}
+	}
+	return dlq.PublishConfirmed(ctx, c.ch, c.returns, exchange, key, msg)
 }
 
 // watch follows the broker's connection.blocked and unblocked until the

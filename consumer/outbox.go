@@ -156,16 +156,9 @@ func (s *Service) drainOutbox(ctx context.Context, queue string, publish func(ex
 // dead-letter channel of its own: it picks up what a worker's drain right
 // after its commit could not publish, and what a crash left.
 func (s *Service) drainLoop(session context.Context, letters *letters) {
-	var pub *amqp.Channel
-	var returns <-chan amqp.Return
+	out := letterChannel{letters: letters}
 	publish := func(exchange, key string, msg amqp.Publishing) error {
-		if pub == nil || pub.IsClosed() {
-			var err error
-			if pub, returns, err = letters.channel(); err != nil {
-				return err
-			}
-		}
-		return dlq.PublishConfirmed(session, pub, returns, exchange, key, msg)
+		return out.publish(session, exchange, key, msg)
 	}
 	tick := time.NewTicker(lookEvery)
 	defer tick.Stop()

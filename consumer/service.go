@@ -475,7 +475,7 @@ func (s *Service) openWorker(conn *amqp.Connection, letters *letters, i int, wor
 		return nil, fmt.Errorf("consume %s: %w", queue, err)
 	}
 	w := &worker{svc: s, queue: queue, tag: tag, ch: ch, closed: closed,
-		deliveries: deliveries, work: work, letters: letters, narrow: narrow}
+		deliveries: deliveries, work: work, letters: letterChannel{letters: letters}, narrow: narrow}
 	if lanes, ok := s.app.(Lanes); ok {
 		w.lane = lanes.Lane(s.cfg.ApplyTimeout)
 	}

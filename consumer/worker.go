@@ -25,9 +25,7 @@ type worker struct {
 	deliveries <-chan amqp.Delivery
 	work       context.Context // lives ShutdownTimeout past shutdown
 	lane       Lane            // when the applier has lanes; else each attempt gets a timeout context
-	letters    *letters        // the connection dead-letter copies go out on
-	pub        *amqp.Channel   // on letters' connection, opened at the first dead letter
-	returns    <-chan amqp.Return
+	letters    letterChannel   // where dead-letter copies go out
 	// publish sends a dead-letter copy and returns nil only once the broker
 	// confirmed it; publishConfirmed, or a fake in unit tests.
 	publish func(exchange, key string, msg amqp.Publishing) error
@@ -340,13 +338,7 @@ func (w *worker) requeue(session context.Context, d amqp.Delivery, class Class) 
 }
 
 func (w *worker) publishConfirmed(exchange, key string, msg amqp.Publishing) error {
-	if w.pub == nil || w.pub.IsClosed() {
-		var err error
-		if w.pub, w.returns, err = w.letters.channel(); err != nil {
-			return err
-		}
-	}
-	return dlq.PublishConfirmed(w.work, w.pub, w.returns, exchange, key, msg)
+	return w.letters.publish(w.work, exchange, key, msg)
 }
 
 // logDecision logs one decision about a delivery, at its level.
