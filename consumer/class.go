@@ -42,9 +42,6 @@ const (
 	// ClassShutdown: the service is stopping. Not a failure: requeued,
 	// never dead-lettered.
 	ClassShutdown Class = "shutdown"
-	// classBehindPanic: the message came, in its batch, after one whose
-	// handling panicked; it is returned unapplied, behind it (batch.go).
-	classBehindPanic Class = "behind-panic"
 )
 
 // ErrShutdown is the cancellation cause of the context handed to Run's
@@ -134,11 +131,10 @@ const (
 //	invalid-transition, data-rejected       dead-letter now (the message caused it)
 //	transient, unknown                      retry in place (the environment caused it, or may have)
 //	panic                                   requeue: the delivery limit ends a crash loop
-//	behind-panic (batches)                  requeue, behind the message that panicked
 //	shutdown                                requeue, never dead-letter
 //
-// A retry that the end of the broker session cuts short becomes a requeue
-// (see worker.handle).
+// A retry that the end of the broker session cuts short becomes a requeue,
+// and so does everything behind a message that is requeued (core.go).
 func decide(class Class) Action {
 	switch {
 	case class == "":
@@ -147,7 +143,7 @@ func decide(class Class) Action {
 		return ActionDeadLetter
 	case class == ClassTransient || class == ClassUnknown:
 		return ActionRetry
-	default: // ClassPanic, classBehindPanic, ClassShutdown
+	default: // ClassPanic, ClassShutdown
 		return ActionRequeue
 	}
 }

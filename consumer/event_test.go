@@ -159,3 +159,7 @@ func TestDecodePoisonKeepsWhatCouldBeRead(t *testing.T) {
 		}
 	}
 }
+
+const validBody = `{"eventId":"3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10","eventType":"TransferCreated",
+"occurredAt":"2026-07-10T12:00:00Z","data":{"transferId":"0c8a4c0e-2d37-4c61-8f0e-1e5d2b7a9e33",
+"fromAccount":"acc_00001","toAccount":"acc_00002","amountMinor":10000,"currency":"EUR"}}`

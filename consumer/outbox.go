@@ -152,9 +152,10 @@ func (s *Service) drainOutbox(ctx context.Context, queue string, publish func(ex
 	}
 }
 
-// drainLoop drains the outbox every lookEvery until session ends, on a
-// dead-letter channel of its own: it picks up what a worker's drain right
-// after its commit could not publish, and what a crash left.
+// drainLoop drains the outbox every lookEvery, and when a worker's commit
+// left a dead letter there, until session ends, on a dead-letter channel of
+// its own: no worker waits on its confirms, which an alarm may hold back,
+// and it picks up what a crash left.
 func (s *Service) drainLoop(session context.Context, letters *letters) {
 	out := letterChannel{letters: letters}
 	publish := func(exchange, key string, msg amqp.Publishing) error {
@@ -167,6 +168,8 @@ func (s *Service) drainLoop(session context.Context, letters *letters) {
 		case <-session.Done():
 			return
 		case <-tick.C:
+			s.drainOutbox(session, "", publish)
+		case <-s.drainNow:
 			s.drainOutbox(session, "", publish)
 		}
 	}

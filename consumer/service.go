@@ -196,7 +196,8 @@ type Service struct {
 
 	mu       sync.Mutex
 	blockedQ map[string]Blocked // by queue
-	narrowQ  map[string]bool    // queues taken one message at a time after a panic in a batch
+
+	drainNow chan struct{} // a commit left a dead letter in the outbox: drain it now
 }
 
 // State is what readiness checks need to know about the broker side.
@@ -251,7 +252,7 @@ func New(cfg Config, app Applier) *Service {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Service{cfg: cfg, app: app, log: log, blockedQ: map[string]Blocked{}, narrowQ: map[string]bool{}}
+	s := &Service{cfg: cfg, app: app, log: log, blockedQ: map[string]Blocked{}, drainNow: make(chan struct{}, 1)}
 	s.dlqDepth.Store(-1)
 	return s
 }
@@ -448,38 +449,19 @@ func (c Config) ConsumerArgs(i int) amqp.Table {
 
 func (s *Service) openWorker(conn *amqp.Connection, letters *letters, i int, work context.Context) (*worker, error) {
 	queue := s.cfg.Topology.Queue(i)
-	ch, err := conn.Channel()
-	if err != nil {
-		return nil, fmt.Errorf("queue %s: open channel: %w", queue, err)
-	}
+	w := &worker{svc: s, index: i, queue: queue, tag: s.cfg.Instance + "/" + queue, conn: conn, work: work,
+		letters: letterChannel{letters: letters},
+		core:    newCore(s.cfg.BatchMax, s.cfg.BatchLinger > 0)}
+	w.publish = w.letters.publish
 	// Prefetch BatchMax (1 unless batches are on) per consumer: what the
 	// broker gave us is the batch in hand at most, so order holds and a
-	// crash returns one batch. Global QoS is not implemented for quorum
-	// queues (3.10 closes the connection with 540), hence global=false.
-	prefetch, narrow := max(1, s.cfg.BatchMax), s.isNarrow(queue)
-	if narrow {
-		prefetch = 1
+	// crash returns one batch.
+	if err := w.open(w.core.max); err != nil {
+		return nil, err
 	}
-	if err := ch.Qos(prefetch, 0, false); err != nil {
-		return nil, fmt.Errorf("queue %s: qos: %w", queue, err)
-	}
-	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
-	tag := s.cfg.Instance + "/" + queue
-	deliveries, err := ch.Consume(queue, tag,
-		false, // auto-ack: never; the ack comes after the commit
-		false, // exclusive: single active consumer does this across replicas
-		false, // no-local
-		false, // no-wait
-		s.cfg.ConsumerArgs(i))
-	if err != nil {
-		return nil, fmt.Errorf("consume %s: %w", queue, err)
-	}
-	w := &worker{svc: s, queue: queue, tag: tag, ch: ch, closed: closed,
-		deliveries: deliveries, work: work, letters: letterChannel{letters: letters}, narrow: narrow}
 	if lanes, ok := s.app.(Lanes); ok {
 		w.lane = lanes.Lane(s.cfg.ApplyTimeout)
 	}
-	w.publish = w.publishConfirmed
 	return w, nil
 }
 
@@ -535,22 +517,6 @@ func (s *Service) awaitHealthy(stop context.Context) error {
 		case <-time.After(delay):
 		}
 	}
-}
-
-func (s *Service) setNarrow(queue string, narrow bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if narrow {
-		s.narrowQ[queue] = true
-	} else {
-		delete(s.narrowQ, queue)
-	}
-}
-
-func (s *Service) isNarrow(queue string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.narrowQ[queue]
 }
 
 func (s *Service) clearAllBlocked() {

@@ -5,21 +5,24 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/trace"
-
 	"transferconsumer/dlq"
 )
 
-// worker consumes one queue on its own channel; channels are not safe for
-// concurrent use, so nothing else touches ch or pub.
+// worker consumes one queue on its own channel: the thin shell around the
+// queue's core (core.go). It turns deliveries, results and the session's
+// end into the core's inputs, and the core's commands into amqp091 and
+// applier calls. Channels are not safe for concurrent use, so nothing else
+// touches ch.
 type worker struct {
 	svc        *Service
+	index      int
 	queue, tag string
+	conn       *amqp.Connection
 	ch         *amqp.Channel
 	closed     <-chan *amqp.Error // ch's close notification
 	deliveries <-chan amqp.Delivery
@@ -27,318 +30,355 @@ type worker struct {
 	lane       Lane            // when the applier has lanes; else each attempt gets a timeout context
 	letters    letterChannel   // where dead-letter copies go out
 	// publish sends a dead-letter copy and returns nil only once the broker
-	// confirmed it; publishConfirmed, or a fake in unit tests.
-	publish func(exchange, key string, msg amqp.Publishing) error
-	// traced is the delivery in hand's span context, when tracing is on;
-	// traceID its trace, for log lines.
+	// confirmed it, waiting as long as ctx lasts; letters.publish, or a
+	// fake in unit tests.
+	publish func(ctx context.Context, exchange, key string, msg amqp.Publishing) error
+	core    *core
+	// traced is the first delivery of the attempt under way's span
+	// context, when tracing is on; traceID its trace, for log lines.
 	traced  context.Context
 	traceID string
-	// cancelled: the consumer was cancelled because the session ended.
-	cancelled bool
-	// narrow: after a panic in a batch, the worker takes one message at a
-	// time (prefetch 1) until one passes (see batch.go).
-	narrow bool
-	batch  []amqp.Delivery // reused by collect
+	blocked Blocked  // while the core retries in place
+	th      Throttle // when to log a blocked queue
 }
 
-// run handles deliveries until session ends or the channel fails. When
-// session ends it cancels the consumer and finishes what the broker already
-// sent (with prefetch 1, at most one message): returning it instead would
-// count toward its delivery limit.
+// run carries out the core's commands until it is finished: the session
+// ended and what was in hand is settled or returned, or the channel closed.
+// It returns an error when the channel failed or the broker cancelled the
+// consumer, so that the session ends and consumes again.
 func (w *worker) run(session context.Context) error {
-	for session.Err() == nil { // an ended session goes first, even with a delivery waiting
+	var failed error
+	ended := session.Done()
+	var timer *time.Timer
+	var timerC <-chan time.Time
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		cmd := w.core.next()
+		switch cmd.Kind {
+		case cmdDone:
+			return failed
+		case cmdNone:
+		case cmdWait:
+			delay := w.svc.cfg.BatchLinger
+			if !cmd.Linger {
+				delay = w.svc.cfg.Retry.Delay(cmd.Attempt)
+				w.reportBlocked(cmd.Attempt, delay)
+			}
+			if timer != nil {
+				timer.Stop()
+			}
+			timer = time.NewTimer(delay)
+			timerC = timer.C
+		default:
+			if err := w.exec(session, cmd); err != nil {
+				if failed == nil {
+					failed = err
+				}
+				w.core.channelClosed() // a channel that failed a command is closed by the broker
+			}
+			continue
+		}
 		select {
 		case d, ok := <-w.deliveries:
 			if !ok {
+				// The channel closed, or the broker cancelled the consumer
+				// (a consumer timeout on 4.3, a deleted queue).
 				var reason *amqp.Error
 				select {
 				case reason = <-w.closed:
 				default:
 				}
-				return fmt.Errorf("queue %s: consumer channel closed: %v", w.queue, reason)
+				if reason != nil || w.ch.IsClosed() {
+					w.core.channelClosed()
+					if failed == nil {
+						failed = fmt.Errorf("queue %s: consumer channel closed: %v", w.queue, reason)
+					}
+				} else {
+					w.core.end()
+					if failed == nil {
+						failed = fmt.Errorf("queue %s: the broker cancelled the consumer", w.queue)
+					}
+				}
+				w.deliveries = nil
+				continue
 			}
-			if err := w.take(session, d); err != nil {
-				return err
-			}
-		case <-session.Done():
-		}
-	}
-	if !w.cancelled {
-		if err := w.ch.Cancel(w.tag, false); err != nil {
-			return nil // the channel is gone; the broker returns what it held
-		}
-		w.cancelled = true
-	}
-	for d := range w.deliveries {
-		if err := w.take(session, d); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// take handles d: alone, or, with BatchMax above 1, in a batch with what
-// else has arrived.
-func (w *worker) take(session context.Context, d amqp.Delivery) error {
-	if w.svc.cfg.BatchMax <= 1 {
-		return w.handle(session, d)
-	}
-	batch, _ := w.collect(d) // a closed channel shows at the next receive
-	if w.svc.cfg.ObserveBatch != nil {
-		w.svc.cfg.ObserveBatch(len(batch))
-	}
-	return w.handleBatch(session, batch)
-}
-
-// handle decides the fate of one delivery and carries it out: ack after the
-// commit (or for a duplicate), dead-letter, or requeue. It returns an error
-// only when the channel could not carry the decision out; the broker then
-// redelivers the message, which the inbox makes harmless.
-func (w *worker) handle(session context.Context, d amqp.Delivery) error {
-	start := time.Now()
-	dec := Decision{
-		Queue:         w.queue,
-		EventID:       d.MessageId,
-		Redelivered:   d.Redelivered,
-		DeliveryCount: dlq.DeliveryCount(d.Headers),
-	}
-	var span trace.Span
-	if t := w.svc.cfg.Tracer; t != nil {
-		w.traced, span = w.startDelivery(t, d)
-		defer func() { endDelivery(span, dec) }()
-	}
-	dec.TraceID = traceID(span, d.Headers)
-	w.traceID = dec.TraceID
-	var err error
-	var res Result
-	dec.EventID, dec.EventType, res, dec.Retries, err = w.process(session, d)
-	dec.Duplicate = res.Duplicate
-	dec.Err = err
-	dec.Class = ClassOf(session, err)
-	dec.Action = decide(dec.Class)
-	if dec.Action == ActionRetry {
-		// Retrying in place ends only when the broker session does (a
-		// closed channel or connection, while not shutting down): the
-		// broker has the message back, or gets it with this requeue.
-		dec.Action = ActionRequeue
-	}
-
-	var sendErr error
-	switch dec.Action {
-	case ActionAck:
-		sendErr = d.Ack(false)
-	case ActionDeadLetter:
-		switch w.copyToDLQ(d, dec) {
-		case copied:
-			sendErr = d.Ack(false)
-		case copyCut:
-			dec.Action, sendErr = ActionRequeue, d.Nack(false, true)
-		case copyRefused:
-			sendErr = d.Reject(false)
-		}
-	case ActionRequeue:
-		sendErr = w.requeue(session, d, dec.Class)
-	}
-	dec.Duration = time.Since(start)
-	w.svc.logDecision(dec, sendErr)
-	if w.svc.cfg.Observe != nil {
-		w.svc.cfg.Observe(dec)
-	}
-	if sendErr != nil {
-		return fmt.Errorf("queue %s: %s event %s: %w", w.queue, dec.Action, dec.EventID, sendErr)
-	}
-	if res.Outbox {
-		// The commit left a dead letter (a transition that waited for this
-		// creation contradicts it): publish it now; the drain loop picks
-		// it up if this fails.
-		w.svc.drainOutbox(w.work, w.queue, w.publish)
-	}
-	return nil
-}
-
-// process decodes d and applies it, retrying in place what the environment
-// caused. A panic in either is recovered and returned as ClassPanic with its
-// stack, so that the message is requeued and the delivery limit, not a
-// dead process, ends a loop of them.
-func (w *worker) process(session context.Context, d amqp.Delivery) (id, typ string, res Result, retries int, err error) {
-	id, typ = d.MessageId, d.Type
-	defer func() {
-		if p := recover(); p != nil {
-			err = w.panicked(id, p)
-		}
-	}()
-	ev, err := Decode(d.Body, d.MessageId, d.Type)
-	if ev.ID != "" { // the body's, which is authoritative, even when it is poison
-		id = ev.ID
-	}
-	if ev.Type != "" {
-		typ = ev.Type
-	}
-	if err != nil {
-		return id, typ, Result{}, 0, err
-	}
-	ev.Message = Message{RoutingKey: d.RoutingKey, Body: d.Body, Headers: d.Headers,
-		MessageID: d.MessageId, ContentType: d.ContentType}
-	res, retries, err = w.apply(session, ev)
-	return id, typ, res, retries, err
-}
-
-// apply applies ev, retrying in place with backoff, for as long as it
-// lasts, whatever the environment caused and whatever nobody classified:
-// the message stays in hand, so the queue waits in order and the message's
-// delivery count is not spent. The queue is reported blocked meanwhile. It
-// gives up only when session ends (shutdown, or a broken broker session)
-// or the broker closes the channel (the broker then has the message back).
-func (w *worker) apply(session context.Context, ev Event) (Result, int, error) {
-	var res Result
-	retries, err := w.retryInPlace(session, ev.ID, func() (err error) {
-		res, err = w.attempt(ev)
-		return err
-	})
-	return res, retries, err
-}
-
-// retryInPlace runs attempt, and again after a backoff for as long as it
-// fails for a reason the environment caused or nobody classified (apply
-// says why); eventID names what is retried in the blocked state and the
-// logs. It returns the retries made and attempt's last error.
-func (w *worker) retryInPlace(session context.Context, eventID string, attempt func() error) (int, error) {
-	b := Blocked{Queue: w.queue, EventID: eventID, TraceID: w.traceID}
-	var th Throttle
-	for n := 0; ; n++ {
-		err := attempt()
-		class := ClassOf(session, err)
-		if decide(class) != ActionRetry {
-			if b.Attempts > 0 {
-				w.svc.clearBlocked(w.queue)
-			}
-			if b.Attempts > 0 && class != ClassShutdown {
-				w.svc.log.Info("queue unblocked", "queue", w.queue, "event_id", eventID, "attempts", b.Attempts,
-					"blocked_ms", time.Since(b.Since).Milliseconds())
-			}
-			return n, err
-		}
-		if b.Attempts == 0 {
-			b.Since = time.Now()
-		}
-		b.Attempts, b.Class, b.Reason = n+1, class, err.Error()
-		w.svc.setBlocked(b)
-		delay := w.svc.cfg.Retry.Delay(n)
-		logBlocked(w.svc.log, &th, b, delay)
-		if w.svc.cfg.ObserveRetry != nil {
-			w.svc.cfg.ObserveRetry(Retry{Queue: w.queue, EventID: eventID, Attempt: n + 1, Delay: delay, Err: err})
-		}
-		select {
-		case <-session.Done():
-			return n, err // the queue stays reported blocked until the next session resumes it
+			w.take(d)
+			w.gather()
+		case <-timerC:
+			timerC = nil
+			w.core.tick()
+		case <-ended:
+			ended = nil
+			w.core.end()
 		case e := <-w.closed:
-			return n, fmt.Errorf("%w; the broker closed the channel meanwhile: %v", err, e)
-		case <-time.After(delay):
+			w.closed = nil
+			w.core.channelClosed()
+			if failed == nil {
+				failed = fmt.Errorf("queue %s: channel closed: %v", w.queue, e)
+			}
 		}
 	}
 }
 
-// attempt applies ev once, within ApplyTimeout and while work lasts.
-func (w *worker) attempt(ev Event) (Result, error) {
-	if t := w.svc.cfg.Tracer; t != nil {
-		span := startTransaction(t, w.traced)
-		res, err := w.attemptOnce(ev)
-		if err != nil {
-			span.RecordError(err)
-			span.SetStatus(codes.Error, err.Error())
-		}
-		span.End()
-		return res, err
-	}
-	return w.attemptOnce(ev)
-}
-
-func (w *worker) attemptOnce(ev Event) (Result, error) {
-	if w.lane != nil {
-		return w.lane.Apply(w.work, ev) // the lane keeps the timeout itself
-	}
-	ctx, cancel := context.WithTimeout(w.work, w.svc.cfg.ApplyTimeout)
-	defer cancel()
-	return w.svc.app.Apply(ctx, ev)
-}
-
-// renewLane replaces the worker's lane after a panic, which may have left
-// it in the middle of a transaction.
-func (w *worker) renewLane() {
-	if w.lane == nil {
+// gather takes in hand what else has already arrived, so that a batch
+// holds it. A delivery that has arrived may still be on its way through
+// the client's buffering goroutine: it is let run once.
+func (w *worker) gather() {
+	if w.core.max <= 1 {
 		return
 	}
-	w.lane.Close()
-	w.lane = w.svc.app.(Lanes).Lane(w.svc.cfg.ApplyTimeout)
-}
-
-func (w *worker) close() {
-	if w.lane != nil {
-		w.lane.Close()
+	for yielded := false; ; {
+		select {
+		case d, ok := <-w.deliveries:
+			if !ok {
+				return // seen again at the next receive
+			}
+			w.take(d)
+			yielded = false
+			continue
+		default:
+		}
+		if yielded {
+			return
+		}
+		runtime.Gosched()
+		yielded = true
 	}
 }
 
-// copyFate is what became of a dead letter's copy, and so of the original.
-type copyFate int
+// take decodes d and hands it to the core. A panic while decoding is
+// recovered as ClassPanic: the message is returned, and the delivery limit
+// ends a loop of them.
+func (w *worker) take(d amqp.Delivery) {
+	s := &slot{Tag: d.DeliveryTag, d: d, start: time.Now()}
+	if t := w.svc.cfg.Tracer; t != nil {
+		_, s.span = w.startDelivery(t, d)
+	}
+	s.Event, s.Err = w.decode(d)
+	s.Class = ClassOf(context.Background(), s.Err)
+	w.core.deliver(s)
+}
 
-const (
-	copied      copyFate = iota // confirmed: ack the original
-	copyCut                     // shutdown cut the wait: requeue the original
-	copyRefused                 // nacked, unroutable, connection lost: reject the original without requeue
-)
+// decode decodes d; a panic is a ClassPanic error.
+func (w *worker) decode(d amqp.Delivery) (ev Event, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = w.panicked(d.MessageId, p)
+		}
+	}()
+	ev, err = Decode(d.Body, d.MessageId, d.Type)
+	if err == nil {
+		ev.Message = Message{RoutingKey: d.RoutingKey, Body: d.Body, Headers: d.Headers,
+			MessageID: d.MessageId, ContentType: d.ContentType}
+	}
+	return ev, err
+}
 
-// copyToDLQ publishes a copy of d with the failure headers to the
-// dead-letter exchange and waits for the broker's confirm. The wait has no
-// limit of its own: under a resource alarm the broker confirms once the
-// alarm passes, and this queue waits meanwhile. The caller then acks d; or,
-// if the copy was refused, rejects it without requeue, so that the queue's
-// at-least-once dead-lettering keeps it; or, if shutdown cut the wait,
-// requeues it. Either way nothing is lost, and at worst the DLQ holds a
-// letter twice.
-func (w *worker) copyToDLQ(d amqp.Delivery, dec Decision) copyFate {
-	msg := dlq.Copy(d, dlq.Failure{
-		Class:    string(dec.Class),
-		Reason:   dec.Err.Error(),
+// exec carries out one command and feeds its result back to the core. It
+// returns an error when the channel could not carry a settlement out; the
+// broker then has the message back, which the inbox makes harmless.
+func (w *worker) exec(session context.Context, cmd command) error {
+	switch cmd.Kind {
+	case cmdApply:
+		outs, err := w.apply(session, cmd.Slots)
+		wasBlocked := w.core.failures > 0
+		w.core.applied(outs, err, ClassOf(session, err))
+		if wasBlocked && w.core.failures == 0 {
+			w.unblock(ClassOf(session, err))
+		}
+	case cmdCopy:
+		r, err := w.copy(session, cmd.Slots[0])
+		w.core.copied(r, err)
+	case cmdAck:
+		err := cmd.Slots[len(cmd.Slots)-1].d.Ack(cmd.Multiple)
+		w.settled(cmd.Slots, ActionAck, err)
+		if err != nil {
+			return fmt.Errorf("queue %s: ack event %s: %w", w.queue, eventID(cmd.Slots[0]), err)
+		}
+		w.kickOutbox(cmd.Slots)
+	case cmdReject:
+		// A refused copy: the queue's own at-least-once dead-lettering
+		// takes the message instead.
+		s := cmd.Slots[0]
+		err := s.d.Reject(false)
+		w.settled(cmd.Slots, ActionDeadLetter, err)
+		if err != nil {
+			return fmt.Errorf("queue %s: reject event %s: %w", w.queue, eventID(s), err)
+		}
+	case cmdClose:
+		// Everything unsettled goes back together, in order; a close that
+		// fails has lost the channel, which returns it all the same.
+		w.settled(cmd.Slots, ActionRequeue, w.ch.Close())
+	}
+	return nil
+}
+
+// open opens the worker's channel and consumes the queue on it with
+// prefetch. Global QoS is not implemented for quorum queues (3.10 closes
+// the connection with 540), hence global=false.
+func (w *worker) open(prefetch int) error {
+	ch, err := w.conn.Channel()
+	if err != nil {
+		return fmt.Errorf("queue %s: open channel: %w", w.queue, err)
+	}
+	if err := ch.Qos(prefetch, 0, false); err != nil {
+		return fmt.Errorf("queue %s: qos: %w", w.queue, err)
+	}
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	deliveries, err := ch.Consume(w.queue, w.tag,
+		false, // auto-ack: never; the ack comes after the commit
+		false, // exclusive: single active consumer does this across replicas
+		false, // no-local
+		false, // no-wait
+		w.svc.cfg.ConsumerArgs(w.index))
+	if err != nil {
+		return fmt.Errorf("consume %s: %w", w.queue, err)
+	}
+	w.ch, w.closed, w.deliveries = ch, closed, deliveries
+	return nil
+}
+
+// copy publishes a copy of s with the failure headers to the dead-letter
+// exchange and waits for the broker's confirm, for as long as the session
+// lasts: under a resource alarm the broker confirms once it passes, and a
+// session that ends meanwhile returns the original instead (at worst the
+// DLQ then holds a letter twice).
+func (w *worker) copy(session context.Context, s *slot) (copyResult, error) {
+	msg := dlq.Copy(s.d, dlq.Failure{
+		Class:    string(s.Class),
+		Reason:   s.Err.Error(),
 		Queue:    w.queue,
 		Instance: w.svc.cfg.Instance,
 		At:       time.Now(),
 	})
-	err := w.publish(dlq.Exchange(w.svc.cfg.Topology.Prefix), d.RoutingKey, msg)
+	err := w.publish(session, dlq.Exchange(w.svc.cfg.Topology.Prefix), s.d.RoutingKey, msg)
 	switch {
 	case err == nil:
-		return copied
-	case errors.Is(context.Cause(w.work), ErrShutdown):
-		w.svc.log.Warn("shutdown before the dead-letter copy was confirmed; requeued",
-			"queue", w.queue, "event_id", dec.EventID)
-		return copyCut
+		return copied, nil
+	case session.Err() != nil:
+		w.svc.log.Warn("the session ended before the dead-letter copy was confirmed; the message is returned",
+			"queue", w.queue, "event_id", eventID(s))
+		return copyCut, err
 	}
 	w.svc.log.Error("dead-letter copy not confirmed, rejecting to the broker's dead-lettering",
-		"queue", w.queue, "event_id", dec.EventID, "err", err)
-	return copyRefused
+		"queue", w.queue, "event_id", eventID(s), "err", err)
+	return copyRefused, err
 }
 
-// requeue returns d to its queue. After a broker session ended, the
-// consumer is cancelled first, or the broker hands the message straight
-// back to this consumer, and returning it again spends another of its
-// deliveries (the broker takes the two in order). A panic is returned with
-// Reject, which every broker version counts toward the quorum queue's
-// delivery limit: that ends a crash loop. Anything else (shutdown, a broker
-// session that ended while the environment failed) is not the message's
-// doing and is returned with Nack, which from RabbitMQ 4.3 does not count
-// (before, both count the same).
-func (w *worker) requeue(session context.Context, d amqp.Delivery, class Class) error {
-	if session.Err() != nil && w.ch != nil && !w.cancelled { // (unit tests have no channel)
-		_ = w.ch.Cancel(w.tag, false)
-		w.cancelled = true
+// kickOutbox has the outbox drained when a commit among slots left a dead
+// letter behind (a transition that waited for this creation contradicts
+// it). The drain runs on its own: no worker waits on its confirms.
+func (w *worker) kickOutbox(slots []*slot) {
+	for _, s := range slots {
+		if s.Outbox {
+			select {
+			case w.svc.drainNow <- struct{}{}:
+			default:
+			}
+			return
+		}
 	}
-	if class == ClassPanic {
-		return d.Reject(true)
-	}
-	return d.Nack(false, true)
 }
 
-func (w *worker) publishConfirmed(exchange, key string, msg amqp.Publishing) error {
-	return w.letters.publish(w.work, exchange, key, msg)
+// reportBlocked reports the queue blocked, retrying its first event in
+// place after delay.
+func (w *worker) reportBlocked(attempt int, delay time.Duration) {
+	err := w.core.lastErr
+	if err == nil {
+		err = errors.New("unknown")
+	}
+	b := &w.blocked
+	if b.Attempts == 0 {
+		b.Since = time.Now()
+		w.th = Throttle{}
+	}
+	b.Queue, b.TraceID = w.queue, w.traceID
+	if p := w.core.pending(); len(p) > 0 {
+		b.EventID = p[0].Event.ID
+	} else if len(w.core.slots) > 0 {
+		b.EventID = eventID(w.core.slots[0])
+	}
+	b.Attempts, b.Class, b.Reason = attempt+1, ClassOf(context.Background(), err), err.Error()
+	w.svc.setBlocked(*b)
+	logBlocked(w.svc.log, &w.th, *b, delay)
+	if w.svc.cfg.ObserveRetry != nil {
+		w.svc.cfg.ObserveRetry(Retry{Queue: w.queue, EventID: b.EventID, Attempt: attempt + 1, Delay: delay, Err: err})
+	}
+}
+
+// unblock clears the blocked report once the core applied again.
+func (w *worker) unblock(class Class) {
+	b := w.blocked
+	w.blocked = Blocked{}
+	w.svc.clearBlocked(w.queue)
+	if class != ClassShutdown {
+		w.svc.log.Info("queue unblocked", "queue", w.queue, "event_id", b.EventID, "attempts", b.Attempts,
+			"blocked_ms", time.Since(b.Since).Milliseconds())
+	}
+}
+
+// settled records, logs and observes the decision about each of slots,
+// settled by action (sendErr: the channel's error, if it failed).
+func (w *worker) settled(slots []*slot, action Action, sendErr error) {
+	for _, s := range slots {
+		a := action
+		if s.Fate == fateCopied || s.Fate == fateRefused {
+			a = ActionDeadLetter
+		}
+		class := s.Class
+		if a == ActionRequeue && class == "" {
+			class = ClassShutdown // returned unapplied, not for its own fault
+		}
+		dec := Decision{
+			Queue:         w.queue,
+			EventID:       eventID(s),
+			EventType:     s.Event.Type,
+			TraceID:       traceID(s.span, s.d.Headers),
+			Redelivered:   s.d.Redelivered,
+			DeliveryCount: dlq.DeliveryCount(s.d.Headers),
+			Class:         class,
+			Action:        a,
+			Duplicate:     s.Duplicate,
+			Retries:       s.Retries,
+			Duration:      time.Since(s.start),
+		}
+		if a != ActionAck || s.Fate == fateCopied {
+			dec.Err = s.Err
+		}
+		if a == ActionAck {
+			dec.Class = ""
+		}
+		if dec.EventType == "" {
+			dec.EventType = s.d.Type
+		}
+		if a != ActionAck && dec.Err == nil {
+			dec.Err = errReturned
+		}
+		w.svc.logDecision(dec, sendErr)
+		if w.svc.cfg.Observe != nil {
+			w.svc.cfg.Observe(dec)
+		}
+		if s.span != nil {
+			endDelivery(s.span, dec)
+		}
+	}
+}
+
+// errReturned is the outcome of a delivery that went back to its queue
+// unapplied because the session ended or one before it went back.
+var errReturned = errors.New("returned to the queue unapplied, in order")
+
+// eventID names s's event: the body's eventId when it could be read, which
+// is authoritative even when it is poison, else the message_id property.
+func eventID(s *slot) string {
+	if s.Event.ID != "" {
+		return s.Event.ID
+	}
+	return s.d.MessageId
 }
 
 // logDecision logs one decision about a delivery, at its level.

@@ -1,0 +1,129 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// apply makes one attempt at the events of slots, in one transaction,
+// within ApplyTimeout and while work lasts: one event through Apply,
+// several through the lane's ApplyBatch (or, for an applier without
+// batches, one after the other). A producer conflict is that event's
+// outcome, not the attempt's failure. A panic is recovered as ClassPanic,
+// logged with its stack, and the lane, which it may have left inside a
+// transaction, is replaced.
+func (w *worker) apply(session context.Context, slots []*slot) (outs []Outcome, err error) {
+	evs := make([]Event, len(slots))
+	for i, s := range slots {
+		evs[i] = s.Event
+	}
+	if w.svc.cfg.ObserveBatch != nil && w.svc.cfg.BatchMax > 1 {
+		w.svc.cfg.ObserveBatch(len(evs))
+	}
+	w.traceID = traceID(slots[0].span, slots[0].d.Headers)
+	w.traced = nil
+	if slots[0].span != nil {
+		w.traced = trace.ContextWithSpan(context.Background(), slots[0].span)
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			outs, err = nil, w.panicked(evs[0].ID, p)
+		}
+	}()
+	if len(evs) == 1 {
+		res, err := w.attempt(evs[0])
+		if ClassOf(session, err) == ClassConflict {
+			return []Outcome{{Err: err}}, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		return []Outcome{{Result: res}}, nil
+	}
+	bl, ok := w.lane.(BatchLane)
+	if !ok {
+		outs = make([]Outcome, len(evs))
+		for i, ev := range evs {
+			if outs[i].Result, outs[i].Err = w.attempt(ev); outs[i].Err != nil &&
+				ClassOf(context.Background(), outs[i].Err) != ClassConflict {
+				return nil, outs[i].Err
+			}
+		}
+		return outs, nil
+	}
+	var span trace.Span
+	if t := w.svc.cfg.Tracer; t != nil {
+		span = startTransaction(t, w.tracedContext())
+		span.SetAttributes(attribute.Int("messaging.batch.message_count", len(evs)))
+	}
+	outs, err = bl.ApplyBatch(w.work, evs)
+	if span != nil {
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+	}
+	return outs, err
+}
+
+func (w *worker) tracedContext() context.Context {
+	if w.traced != nil {
+		return w.traced
+	}
+	return context.Background()
+}
+
+// attempt applies ev once, within ApplyTimeout and while work lasts.
+func (w *worker) attempt(ev Event) (Result, error) {
+	if t := w.svc.cfg.Tracer; t != nil {
+		span := startTransaction(t, w.tracedContext())
+		res, err := w.attemptOnce(ev)
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
+		}
+		span.End()
+		return res, err
+	}
+	return w.attemptOnce(ev)
+}
+
+func (w *worker) attemptOnce(ev Event) (Result, error) {
+	if w.lane != nil {
+		return w.lane.Apply(w.work, ev) // the lane keeps the timeout itself
+	}
+	ctx, cancel := context.WithTimeout(w.work, w.svc.cfg.ApplyTimeout)
+	defer cancel()
+	return w.svc.app.Apply(ctx, ev)
+}
+
+// panicked logs a recovered panic with its stack and returns it as a
+// ClassPanic error; the lane, which it may have left inside a transaction,
+// is replaced.
+func (w *worker) panicked(eventID string, p any) error {
+	w.svc.log.Error("panic while handling a message; it is returned, and the delivery limit ends a loop",
+		"queue", w.queue, "event_id", eventID, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+	w.renewLane()
+	return &classified{class: ClassPanic, err: fmt.Errorf("panic: %v", p)}
+}
+
+// renewLane replaces the worker's lane after a panic.
+func (w *worker) renewLane() {
+	if w.lane == nil {
+		return
+	}
+	w.lane.Close()
+	w.lane = w.svc.app.(Lanes).Lane(w.svc.cfg.ApplyTimeout)
+}
+
+func (w *worker) close() {
+	if w.lane != nil {
+		w.lane.Close()
+	}
+}
