@@ -125,8 +125,9 @@ it puts back with the run's id (header x-replay-run) and never replays one
 that carries it: a letter that fails again at once is back in the DLQ when the
 run ends, replayed once. Run replay again to retry it.
 
-Classes (--class): poison, producer-conflict, invalid-transition and
-data-rejected, set by the service; rejected, expired, maxlen and
+Classes (--class): poison, producer-conflict, invalid-transition,
+data-rejected and panic (an event whose handling panicked three times),
+set by the service; rejected, expired, maxlen and
 delivery_limit, the broker's reasons when it dead-lettered the message itself;
 unknown, a letter with neither.
 `

@@ -107,7 +107,7 @@ func (w *worker) attemptOnce(ev Event) (Result, error) {
 // ClassPanic error; the lane, which it may have left inside a transaction,
 // is replaced.
 func (w *worker) panicked(eventID string, p any) error {
-	w.svc.log.Error("panic while handling a message; it is returned, and the delivery limit ends a loop",
+	w.svc.log.Error("panic while handling a message; it is retried in place",
 		"queue", w.queue, "event_id", eventID, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 	w.renewLane()
 	return &classified{class: ClassPanic, err: fmt.Errorf("panic: %v", p)}

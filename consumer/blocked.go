@@ -17,7 +17,7 @@ type Blocked struct {
 	EventID  string
 	TraceID  string    // the delivery's, when known
 	Since    time.Time // the first failed attempt
-	Class    Class     // ClassTransient or ClassUnknown
+	Class    Class     // ClassTransient, ClassUnknown or ClassPanic
 	Reason   string    // the last error
 	Attempts int
 }
@@ -82,8 +82,11 @@ func logBlocked(log *slog.Logger, th *Throttle, b Blocked, delay time.Duration) 
 		return
 	}
 	level, msg := slog.LevelWarn, "queue blocked: the environment failed, retrying the message in place"
-	if b.Class == ClassUnknown {
+	switch b.Class {
+	case ClassUnknown:
 		level, msg = slog.LevelError, "queue blocked: unclassified failure, retrying the message in place until it is fixed"
+	case ClassPanic:
+		level, msg = slog.LevelError, "queue blocked: handling the message panicked, retrying it in place"
 	}
 	if changed {
 		msg = "queue still blocked, for another reason"

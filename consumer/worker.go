@@ -185,14 +185,12 @@ func (w *worker) exec(session context.Context, cmd command) error {
 	switch cmd.Kind {
 	case cmdApply:
 		outs, err := w.apply(session, cmd.Slots)
-		wasBlocked := w.core.failures > 0
 		w.core.applied(outs, err, ClassOf(session, err))
-		if wasBlocked && w.core.failures == 0 {
-			w.unblock(ClassOf(session, err))
-		}
+		w.unblock()
 	case cmdCopy:
 		r, err := w.copy(session, cmd.Slots[0])
 		w.core.copied(r, err)
+		w.unblock()
 	case cmdAck:
 		err := cmd.Slots[len(cmd.Slots)-1].d.Ack(cmd.Multiple)
 		w.settled(cmd.Slots, ActionAck, err)
@@ -310,15 +308,17 @@ func (w *worker) reportBlocked(attempt int, delay time.Duration) {
 	}
 }
 
-// unblock clears the blocked report once the core applied again.
-func (w *worker) unblock(class Class) {
+// unblock clears the blocked report once the core has no failure to
+// retry any more.
+func (w *worker) unblock() {
 	b := w.blocked
+	if b.Attempts == 0 || w.core.failures > 0 {
+		return
+	}
 	w.blocked = Blocked{}
 	w.svc.clearBlocked(w.queue)
-	if class != ClassShutdown {
-		w.svc.log.Info("queue unblocked", "queue", w.queue, "event_id", b.EventID, "attempts", b.Attempts,
-			"blocked_ms", time.Since(b.Since).Milliseconds())
-	}
+	w.svc.log.Info("queue unblocked", "queue", w.queue, "event_id", b.EventID, "attempts", b.Attempts,
+		"blocked_ms", time.Since(b.Since).Milliseconds())
 }
 
 // settled records, logs and observes the decision about each of slots,

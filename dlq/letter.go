@@ -70,7 +70,7 @@ func Describe(d amqp.Delivery) Letter {
 // letter with neither header.
 func Classes() []string {
 	return []string{
-		"poison", "producer-conflict", "invalid-transition", "data-rejected",
+		"poison", "producer-conflict", "invalid-transition", "data-rejected", "panic",
 		"rejected", "expired", "maxlen", "delivery_limit",
 		"unknown",
 	}

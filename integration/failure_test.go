@@ -14,12 +14,13 @@ import (
 	"transferconsumer/db"
 )
 
-// A message whose handling makes the process panic is requeued with Reject
-// until the quorum queue's delivery limit dead-letters it: after exactly
-// limit+1 deliveries, with reason delivery_limit. The event behind it on the
-// same queue is applied. The limit is the guard against a crash loop, and
-// only against that.
-func TestCrashLoopEndsInDLQAtTheDeliveryLimit(t *testing.T) {
+// A message whose handling panics is retried in place, on its first
+// delivery, as long as the bug may be the service's; after three panics of
+// the event alone it is dead-lettered as the message's own fault, with
+// class panic and the panic as its reason. The event behind it on the same
+// queue is applied after it, once, and no delivery of either is spent. (A
+// process that dies instead is ended by the queue's delivery limit.)
+func TestPanicIsRetriedInPlaceThenDeadLettered(t *testing.T) {
 	e := newEnv(t)
 	e.limit = 3
 	inbox := db.NewInbox(e.db)
@@ -41,28 +42,27 @@ func TestCrashLoopEndsInDLQAtTheDeliveryLimit(t *testing.T) {
 	e.publish(good)
 	svc := e.start(2, app)
 
-	// With batches, the event behind may have been in hand with the one
-	// that panicked: it is returned with it once (adr/0006), then applied.
 	waitFor(t, 30*time.Second, "the event behind it to be applied", func() bool {
 		ds := svc.rec.of(good.EventID)
-		return len(ds) > 0 && ds[len(ds)-1].Action == consumer.ActionAck && (len(ds) == 1 || batchMax() > 1 && len(ds) == 2)
+		return len(ds) > 0 && ds[len(ds)-1].Action == consumer.ActionAck
 	})
-	waitFor(t, 10*time.Second, "the crashing event in the DLQ", func() bool { return len(e.peekDLQ()) == 1 })
+	waitFor(t, 10*time.Second, "the panicking event in the DLQ", func() bool { return len(e.peekDLQ()) == 1 })
 
-	if got, want := len(svc.rec.of(bad.EventID)), e.limit+1; got != want {
-		t.Errorf("the crashing event was delivered %d times, want limit+1 = %d", got, want)
+	ds := svc.rec.of(bad.EventID)
+	if len(ds) != 1 || ds[0].Action != consumer.ActionDeadLetter || ds[0].Class != consumer.ClassPanic || ds[0].DeliveryCount != 0 {
+		t.Errorf("decisions about the panicking event = %+v; want one dead letter of class panic on its first delivery", ds)
 	}
-	if attempts.Load() < int64(e.limit+1) {
-		t.Errorf("the crashing event was handled %d times, want at least one per delivery", attempts.Load())
+	if got := attempts.Load(); got != 3 {
+		t.Errorf("the panicking event was handled %d times, want 3", got)
 	}
-	for i, d := range svc.rec.of(bad.EventID) {
-		if d.Action != consumer.ActionRequeue || d.Class != consumer.ClassPanic || d.DeliveryCount != int64(i) {
-			t.Errorf("delivery %d: want requeue of a panic with x-delivery-count %d, got %+v", i, i, d)
-		}
+	if g := svc.rec.of(good.EventID); len(g) != 1 || g[0].DeliveryCount != 0 {
+		t.Errorf("decisions about the event behind = %+v; want one ack on its first delivery", g)
 	}
 	m := e.peekDLQ()[0]
-	if m.header("x-first-death-reason") != "delivery_limit" || m.RoutingKey != from {
-		t.Errorf("dead letter: reason %v, key %q; want delivery_limit and %q", m.header("x-first-death-reason"), m.RoutingKey, from)
+	if m.header("x-failure-class") != "panic" || !strings.Contains(fmt.Sprint(m.header("x-failure-reason")), "nil map") ||
+		m.RoutingKey != from {
+		t.Errorf("dead letter: class %v, reason %v, key %q; want panic, the panic, and %q",
+			m.header("x-failure-class"), m.header("x-failure-reason"), m.RoutingKey, from)
 	}
 	if got := e.balance("acc_v_" + e.name); got != 20 {
 		t.Errorf("balance = %d, want 20 (only the good event)", got)
