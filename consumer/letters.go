@@ -30,7 +30,41 @@ type letters struct {
 	mu   sync.Mutex
 	conn *amqp.Connection // nil until the first dead letter, and after it closed
 
-	alarm atomic.Pointer[string] // the broker's reason while it blocks the connection
+	alarm   atomic.Pointer[string] // the broker's reason while it blocks the connection
+	alarmMu sync.Mutex
+	alarmed chan struct{} // closed while an alarm blocks the connection
+	// unblocked, when set, is called when an alarm passes: parked dead
+	// letters can go out.
+	unblocked func()
+}
+
+// alarmOn returns a channel that is closed while a broker alarm blocks
+// the connection (at once if one does now).
+func (p *letters) alarmOn() <-chan struct{} {
+	p.alarmMu.Lock()
+	defer p.alarmMu.Unlock()
+	if p.alarmed == nil {
+		p.alarmed = make(chan struct{})
+	}
+	return p.alarmed
+}
+
+func (p *letters) setAlarm(on bool) {
+	p.alarmMu.Lock()
+	defer p.alarmMu.Unlock()
+	if p.alarmed == nil {
+		p.alarmed = make(chan struct{})
+	}
+	select {
+	case <-p.alarmed:
+		if !on {
+			p.alarmed = make(chan struct{})
+		}
+	default:
+		if on {
+			close(p.alarmed)
+		}
+	}
 }
 
 // channel returns a new channel in confirm mode with its returns
@@ -66,6 +100,11 @@ type letterChannel struct {
 	returns <-chan amqp.Return
 }
 
+// abandon forgets the channel, whose publish is left unconfirmed: the next
+// publish opens another, so that a late confirm or return of the abandoned
+// one is never taken for its own.
+func (c *letterChannel) abandon() { c.ch, c.returns = nil, nil }
+
 // publish publishes msg and returns nil only once the broker confirmed it
 // (dlq.PublishConfirmed), waiting as long as ctx lasts.
 func (c *letterChannel) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
@@ -85,13 +124,19 @@ func (p *letters) watch(blocked <-chan amqp.Blocking) {
 		if b.Active {
 			reason := b.Reason
 			p.alarm.Store(&reason)
-			p.log.Warn("broker blocks publishing (resource alarm): dead letters wait until it passes", "reason", reason)
+			p.setAlarm(true)
+			p.log.Warn("broker blocks publishing (resource alarm): dead letters are parked in the database until it passes", "reason", reason)
 		} else {
 			p.alarm.Store(nil)
+			p.setAlarm(false)
 			p.log.Info("broker unblocked publishing")
+			if p.unblocked != nil {
+				p.unblocked()
+			}
 		}
 	}
 	p.alarm.Store(nil)
+	p.setAlarm(false)
 }
 
 // blockedBy returns the broker's reason for blocking the connection, or "".

@@ -361,12 +361,12 @@ func (s *sim) step(rp *replica) bool {
 		rp.core.end()
 	}
 	if rp.copying != nil {
-		if s.b.alarm && !rp.ended && !rp.core.closedErr {
-			return false // the confirm waits for the alarm to pass
-		}
-		if rp.ended || rp.core.closedErr {
+		switch {
+		case rp.ended || rp.core.closedErr:
 			rp.core.copied(copyCut, errors.New("session ended"))
-		} else {
+		case s.b.alarm:
+			s.park(rp) // the alarm cut the wait for the confirm
+		default:
 			s.b.dlq[rp.copying.Event.ID]++
 			rp.core.copied(copied, nil)
 		}
@@ -420,11 +420,15 @@ func (s *sim) step(rp *replica) bool {
 		s.logf("r%d applies %d events from %s: %v", rp.id, len(evs), evs[0].ID, err)
 		rp.core.applied(outs, err, class)
 	case cmdCopy:
-		if s.r.IntN(20) == 0 {
-			rp.core.copied(copyRefused, errors.New("nacked"))
-			return true
-		}
 		rp.copying = cmd.Slots[0]
+		switch {
+		case s.b.alarm: // the worker parks it at once
+			s.park(rp)
+			rp.copying = nil
+		case s.r.IntN(20) == 0:
+			rp.core.copied(copyRefused, errors.New("nacked"))
+			rp.copying = nil
+		}
 	case cmdAck, cmdReject:
 		ack := cmd.Kind == cmdAck
 		tag := cmd.Tag
@@ -440,6 +444,18 @@ func (s *sim) step(rp *replica) bool {
 		s.b.closeChannel(c)
 	}
 	return true
+}
+
+// park parks the letter being copied in the database, where the outbox
+// drain publishes it; it fails while the database is down.
+func (s *sim) park(rp *replica) {
+	if s.db.down {
+		rp.core.copied(copyFailed, errors.New("database down"))
+		return
+	}
+	s.logf("r%d parks the letter of %s", rp.id, rp.copying.Event.ID)
+	s.b.dlq[rp.copying.Event.ID]++
+	rp.core.copied(copied, nil)
 }
 
 // schedule is one random run's shape.

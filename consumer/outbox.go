@@ -33,12 +33,24 @@ type Outbox interface {
 	DrainOutbox(ctx context.Context, publish func(OutboxLetter) error) (int, error)
 }
 
-// OutboxLetter is a dead letter a transaction left behind.
+// OutboxLetter is a dead letter a transaction left behind, or one the
+// service parked during a broker alarm (Parker).
 type OutboxLetter struct {
 	EventID, EventType, Class, Reason  string
 	RoutingKey, MessageID, ContentType string
 	Body                               []byte
-	Headers                            []byte // JSON, as HeadersJSON wrote it
+	Headers                            []byte    // JSON, as HeadersJSON wrote it
+	Queue                              string    // where it failed, when known
+	At                                 time.Time // when it failed, when known
+	Parked                             bool      // by a worker, which already logged its decision
+}
+
+// Parker is implemented by an Applier that can keep a dead letter until
+// its outbox drain publishes it. While a broker alarm holds a dead letter's
+// copy back, the worker parks the letter instead and acks the message, so
+// that the valid events behind it on its queue go on (adr/0002).
+type Parker interface {
+	Park(ctx context.Context, l OutboxLetter) error
 }
 
 // HeadersJSON returns the headers of a message as a JSON object, for the
@@ -135,11 +147,22 @@ func (s *Service) drainOutbox(ctx context.Context, queue string, publish func(ex
 			Exchange: s.cfg.Topology.Prefix, RoutingKey: l.RoutingKey, Body: l.Body, Headers: tableFromJSON(l.Headers),
 			MessageId: l.MessageID, ContentType: l.ContentType, Type: l.EventType,
 		}
-		msg := dlq.Copy(d, dlq.Failure{Class: l.Class, Reason: l.Reason, Queue: queue, Instance: s.cfg.Instance, At: start})
+		failure := dlq.Failure{Class: l.Class, Reason: l.Reason, Queue: l.Queue, Instance: s.cfg.Instance, At: l.At}
+		if failure.Queue == "" {
+			failure.Queue = queue
+		}
+		if failure.At.IsZero() {
+			failure.At = start
+		}
+		msg := dlq.Copy(d, failure)
 		if err := publish(dlq.Exchange(s.cfg.Topology.Prefix), l.RoutingKey, msg); err != nil {
 			return err
 		}
-		dec := Decision{Queue: queue, EventID: l.EventID, EventType: l.EventType, Class: Class(l.Class),
+		if l.Parked {
+			s.log.Info("parked dead letter published", "queue", failure.Queue, "event_id", l.EventID, "class", l.Class)
+			return nil
+		}
+		dec := Decision{Queue: failure.Queue, EventID: l.EventID, EventType: l.EventType, Class: Class(l.Class),
 			Action: ActionDeadLetter, Err: fmt.Errorf("%s", l.Reason), Duration: time.Since(start)}
 		s.logDecision(dec, nil)
 		if s.cfg.Observe != nil {
@@ -149,6 +172,14 @@ func (s *Service) drainOutbox(ctx context.Context, queue string, publish func(ex
 	})
 	if err != nil && ctx.Err() == nil {
 		s.log.Warn("dead letters left by transactions not all published; the next drain retries", "err", err)
+	}
+}
+
+// kickDrain has the drain loop drain the outbox now.
+func (s *Service) kickDrain() {
+	select {
+	case s.drainNow <- struct{}{}:
+	default:
 	}
 }
 

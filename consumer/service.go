@@ -335,7 +335,8 @@ func (s *Service) session(stop, work context.Context) error {
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	s.connected.Store(true)
 	defer s.connected.Store(false)
-	letters := &letters{urls: s.cfg.URLs, first: used, name: s.cfg.Instance + " dead-letters", log: s.log}
+	letters := &letters{urls: s.cfg.URLs, first: used, name: s.cfg.Instance + " dead-letters", log: s.log,
+		unblocked: s.kickDrain}
 	s.letters.Store(letters)
 	defer letters.close()
 

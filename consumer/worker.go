@@ -241,22 +241,50 @@ func (w *worker) open(prefetch int) error {
 }
 
 // copy publishes a copy of s with the failure headers to the dead-letter
-// exchange and waits for the broker's confirm, for as long as the session
-// lasts: under a resource alarm the broker confirms once it passes, and a
-// session that ends meanwhile returns the original instead (at worst the
-// DLQ then holds a letter twice).
+// exchange and waits for the broker's confirm. While a resource alarm
+// blocks publishing, the broker confirms nothing until it passes, which may
+// be never if the backlog feeds it: then the letter is parked in the
+// database instead (Parker), for the outbox drain to publish, and the
+// message is acked, so that what is behind it goes on. A session that ends
+// while the confirm is awaited returns the original. Either way at worst
+// the DLQ holds a letter twice.
 func (w *worker) copy(session context.Context, s *slot) (copyResult, error) {
+	at := time.Now()
 	msg := dlq.Copy(s.d, dlq.Failure{
 		Class:    string(s.Class),
 		Reason:   s.Err.Error(),
 		Queue:    w.queue,
 		Instance: w.svc.cfg.Instance,
-		At:       time.Now(),
+		At:       at,
 	})
-	err := w.publish(session, dlq.Exchange(w.svc.cfg.Topology.Prefix), s.d.RoutingKey, msg)
+	parker, canPark := w.svc.app.(Parker)
+	var alarm <-chan struct{}
+	if canPark && w.letters.letters != nil {
+		alarm = w.letters.letters.alarmOn()
+		select {
+		case <-alarm:
+			return w.park(parker, s, at)
+		default:
+		}
+	}
+	ctx, cancel := context.WithCancel(session)
+	defer cancel()
+	if alarm != nil {
+		go func() { // ends with ctx at the latest
+			select {
+			case <-alarm:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+	}
+	err := w.publish(ctx, dlq.Exchange(w.svc.cfg.Topology.Prefix), s.d.RoutingKey, msg)
 	switch {
 	case err == nil:
 		return copied, nil
+	case session.Err() == nil && alarm != nil && isClosed(alarm):
+		w.letters.abandon()
+		return w.park(parker, s, at)
 	case session.Err() != nil:
 		w.svc.log.Warn("the session ended before the dead-letter copy was confirmed; the message is returned",
 			"queue", w.queue, "event_id", eventID(s))
@@ -267,16 +295,45 @@ func (w *worker) copy(session context.Context, s *slot) (copyResult, error) {
 	return copyRefused, err
 }
 
+// park writes s's dead letter to the database for the outbox drain to
+// publish once the alarm passes; the message is then acked. A failure is
+// the environment's: the core waits and tries again.
+func (w *worker) park(parker Parker, s *slot, at time.Time) (copyResult, error) {
+	ctx, cancel := context.WithTimeout(w.work, w.svc.cfg.ApplyTimeout)
+	defer cancel()
+	typ := s.Event.Type
+	if typ == "" {
+		typ = s.d.Type
+	}
+	err := parker.Park(ctx, OutboxLetter{
+		EventID: eventID(s), EventType: typ, Class: string(s.Class), Reason: s.Err.Error(),
+		RoutingKey: s.d.RoutingKey, MessageID: s.d.MessageId, ContentType: s.d.ContentType,
+		Body: s.d.Body, Headers: HeadersJSON(s.d.Headers), Queue: w.queue, At: at,
+	})
+	if err != nil {
+		return copyFailed, fmt.Errorf("park a dead letter during a broker alarm: %w", err)
+	}
+	w.svc.log.Warn("a broker alarm holds dead letters back: parked this one in the database, to be published when it passes",
+		"queue", w.queue, "event_id", eventID(s), "class", string(s.Class))
+	return copied, nil
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
 // kickOutbox has the outbox drained when a commit among slots left a dead
 // letter behind (a transition that waited for this creation contradicts
 // it). The drain runs on its own: no worker waits on its confirms.
 func (w *worker) kickOutbox(slots []*slot) {
 	for _, s := range slots {
 		if s.Outbox {
-			select {
-			case w.svc.drainNow <- struct{}{}:
-			default:
-			}
+			w.svc.kickDrain()
 			return
 		}
 	}

@@ -3,6 +3,8 @@ package db
 import (
 	"context"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 
@@ -25,30 +27,33 @@ func (in *Inbox) DrainOutbox(ctx context.Context, publish func(consumer.OutboxLe
 		n := 0
 		err := inTx(ctx, in.db, func(tx *sqlx.Tx) error {
 			var rows []struct {
-				ID          int64   `db:"id"`
-				EventID     string  `db:"event_id"`
-				EventType   string  `db:"event_type"`
-				Class       string  `db:"class"`
-				Reason      string  `db:"reason"`
-				RoutingKey  string  `db:"routing_key"`
-				Body        []byte  `db:"body"`
-				Headers     *string `db:"headers"`
-				MessageID   *string `db:"message_id"`
-				ContentType *string `db:"content_type"`
+				ID          int64     `db:"id"`
+				EventID     *string   `db:"event_id"`
+				Queue       *string   `db:"queue"`
+				CreatedAt   time.Time `db:"created_at"`
+				EventType   string    `db:"event_type"`
+				Class       string    `db:"class"`
+				Reason      string    `db:"reason"`
+				RoutingKey  string    `db:"routing_key"`
+				Body        []byte    `db:"body"`
+				Headers     *string   `db:"headers"`
+				MessageID   *string   `db:"message_id"`
+				ContentType *string   `db:"content_type"`
 			}
 			if err := tx.SelectContext(ctx, &rows, `
-				SELECT id, event_id, event_type, class, reason, routing_key, body, headers, message_id, content_type
+				SELECT id, event_id, queue, created_at, event_type, class, reason, routing_key, body, headers, message_id, content_type
 				FROM dead_letter_outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED`, outboxBatch); err != nil {
 				return fmt.Errorf("read dead_letter_outbox: %w", err)
 			}
 			for _, r := range rows {
-				l := consumer.OutboxLetter{EventID: r.EventID, EventType: r.EventType, Class: r.Class, Reason: r.Reason,
-					RoutingKey: r.RoutingKey, Body: r.Body, MessageID: deref(r.MessageID), ContentType: deref(r.ContentType)}
+				l := consumer.OutboxLetter{EventID: deref(r.EventID), EventType: r.EventType, Class: r.Class, Reason: r.Reason,
+					RoutingKey: r.RoutingKey, Body: r.Body, MessageID: deref(r.MessageID), ContentType: deref(r.ContentType),
+					Queue: deref(r.Queue), At: r.CreatedAt, Parked: r.Queue != nil}
 				if r.Headers != nil {
 					l.Headers = []byte(*r.Headers)
 				}
 				if err := publish(l); err != nil {
-					return fmt.Errorf("publish dead letter of event %s: %w", r.EventID, err)
+					return fmt.Errorf("publish dead letter of event %s: %w", deref(r.EventID), err)
 				}
 				if _, err := tx.ExecContext(ctx, `DELETE FROM dead_letter_outbox WHERE id = $1`, r.ID); err != nil {
 					return fmt.Errorf("delete dead letter %d: %w", r.ID, err)
@@ -72,4 +77,53 @@ func deref(s *string) string {
 		return ""
 	}
 	return *s
+}
+
+// Park writes l to dead_letter_outbox, from where the drain publishes it:
+// the service parks a dead letter there when a broker alarm holds its copy
+// back, and then acks the message (adr/0002). It returns the database's
+// errors, translated.
+func (in *Inbox) Park(ctx context.Context, l consumer.OutboxLetter) error {
+	var eventID *string
+	if isUUID(l.EventID) {
+		eventID = &l.EventID
+	}
+	_, err := in.db.ExecContext(ctx, `
+		INSERT INTO dead_letter_outbox (event_id, queue, event_type, class, reason, routing_key, body, headers, message_id, content_type)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULLIF($9, ''), NULLIF($10, ''))`,
+		eventID, l.Queue, l.EventType, l.Class, sanitizeText(l.Reason), l.RoutingKey, l.Body, nullJSON(l.Headers), l.MessageID, l.ContentType)
+	if err != nil {
+		return translate(fmt.Errorf("park the dead letter of event %s: %w", l.EventID, err))
+	}
+	return nil
+}
+
+// isUUID reports whether s is a UUID PostgreSQL accepts.
+func isUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i, c := range s {
+		switch {
+		case i == 8 || i == 13 || i == 18 || i == 23:
+			if c != '-' {
+				return false
+			}
+		case '0' <= c && c <= '9', 'a' <= c && c <= 'f', 'A' <= c && c <= 'F':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// sanitizeText drops what a text column refuses (NUL).
+func sanitizeText(s string) string { return strings.ReplaceAll(s, "\x00", "") }
+
+// nullJSON is headers as a jsonb parameter: NULL when there are none.
+func nullJSON(b []byte) any {
+	if len(b) == 0 {
+		return nil
+	}
+	return string(b)
 }
