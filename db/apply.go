@@ -100,6 +100,11 @@ type lane struct {
 	watched   context.Context // the context stopWatch watches
 	stopWatch func() bool
 
+	// inTransaction, when set (by tests), runs in each transaction after
+	// its statement, before the commit: where a panic holds the claims
+	// and locks the statement took.
+	inTransaction func()
+
 	mu        sync.Mutex // guards what the timer and the watch touch
 	pid       int        // conn's server process
 	active    bool       // a transaction is running on conn
@@ -254,10 +259,23 @@ func (l *lane) run(ctx context.Context, stmt *atomic.Pointer[sqlx.Stmt], query s
 			ended, cancelled = true, l.end()
 		}
 	}
+	finished := false
+	defer func() {
+		if !finished {
+			// The transaction panicked, and inTx rolled it back as far as
+			// it could: nothing of the attempt may outlive it, no cancel
+			// may start any more, and the connection goes.
+			end()
+			l.discard()
+		}
+	}()
 	quiet := context.Background()
 	err = inTx(quiet, l.conn, func(tx *sqlx.Tx) error {
 		if err := tx.StmtContext(quiet, prepared.Stmt).QueryRowContext(quiet, args...).Scan(dest); err != nil {
 			return err
+		}
+		if l.inTransaction != nil {
+			l.inTransaction()
 		}
 		// The COMMIT is never cancelled: a cancel that lands while it waits
 		// for a synchronous standby makes PostgreSQL report success for a
@@ -270,6 +288,7 @@ func (l *lane) run(ctx context.Context, stmt *atomic.Pointer[sqlx.Stmt], query s
 		}
 		return nil
 	})
+	finished = true
 	end()
 	switch {
 	case cancelled:
@@ -338,6 +357,33 @@ func (l *lane) unpin() {
 	l.conn = nil
 }
 
+// discard drops the lane's connection after a panic in its transaction,
+// which inTx rolled back, unless the panic came from inside database/sql:
+// then database/sql never gives the connection back, and closing it waits
+// forever. So it is closed (not returned to the pool) in the background,
+// and if that has not happened within rollbackWait, its server process is
+// terminated, which ends the transaction and releases what it held.
+func (l *lane) discard() {
+	conn, pid := l.conn, l.pid
+	l.conn = nil
+	if conn == nil {
+		return
+	}
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		conn.Raw(func(any) error { return driver.ErrBadConn }) // the pool closes it
+		conn.Close()
+	}()
+	t := time.NewTimer(rollbackWait)
+	defer t.Stop()
+	select {
+	case <-closed:
+	case <-t.C:
+		l.in.terminateBackend(pid)
+	}
+}
+
 // cancel cancels the running transaction on the server, if there is one
 // and, for the timer (atDeadline), if its deadline has passed: a timer that
 // fired just as the previous attempt ended finds the next one's deadline
@@ -398,6 +444,14 @@ func (in *Inbox) cancelBackend(pid int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	in.db.ExecContext(ctx, `SELECT pg_cancel_backend($1)`, pid)
+}
+
+// terminateBackend ends the server process pid, over another connection,
+// and with it the transaction it is in; best effort, like cancelBackend.
+func (in *Inbox) terminateBackend(pid int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	in.db.ExecContext(ctx, `SELECT pg_terminate_backend($1)`, pid)
 }
 
 // statement prepares query the first time it is needed and keeps it in

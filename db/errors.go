@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
@@ -61,6 +62,13 @@ var readCommitted = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
 
 // inTx runs fn in a READ COMMITTED transaction and commits it, or rolls it
 // back and returns fn's error joined with any rollback error.
+//
+// When fn panics (or calls runtime.Goexit), the transaction is rolled back
+// on the panic's way out, and the panic goes on unchanged to the caller's
+// recover. Left open, the transaction would keep its connection for good
+// (closing a sql.Conn waits for its transaction, and a pool never gets the
+// connection back) and its server session idle in transaction, holding the
+// claims, advisory locks and row locks it took.
 func inTx(ctx context.Context, db interface {
 	BeginTxx(context.Context, *sql.TxOptions) (*sqlx.Tx, error)
 }, fn func(*sqlx.Tx) error) error {
@@ -68,7 +76,15 @@ func inTx(ctx context.Context, db interface {
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
-	if err := fn(tx); err != nil {
+	finished := false
+	defer func() {
+		if !finished {
+			rollbackAbandoned(tx)
+		}
+	}()
+	err = fn(tx)
+	finished = true
+	if err != nil {
 		if rbErr := tx.Rollback(); rbErr != nil {
 			return errors.Join(err, fmt.Errorf("rollback: %w", rbErr))
 		}
@@ -78,4 +94,30 @@ func inTx(ctx context.Context, db interface {
 		return fmt.Errorf("commit: %w", err)
 	}
 	return nil
+}
+
+// rollbackWait bounds how long a panic waits for the rollback of the
+// transaction it abandoned before it goes on.
+var rollbackWait = 5 * time.Second
+
+// rollbackAbandoned rolls back a transaction whose function panicked,
+// waiting at most rollbackWait. A panic inside database/sql itself (a
+// driver.Valuer that panics while a statement's arguments are converted)
+// leaves the transaction's connection taken for good, and Rollback then
+// waits forever: the panic must reach its recover all the same, and the
+// rollback goes on waiting alone. (A sql.Scanner that panics in Row.Scan
+// deadlocks database/sql before any deferred call of ours runs; the service
+// scans into strings and pq arrays only.)
+func rollbackAbandoned(tx *sqlx.Tx) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = tx.Rollback()
+	}()
+	t := time.NewTimer(rollbackWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	}
 }

@@ -1,0 +1,134 @@
+package db
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"net/url"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
+
+	"transferconsumer/consumer"
+)
+
+// testDB returns a database of the test's own on the local server
+// (TEST_DATABASE_URL, a maintenance database there), migrated with ../sql
+// and dropped at the end, with a pool of maxConns. The test is skipped when
+// the server is unreachable, except with CI=true, where it fails.
+func testDB(t *testing.T, maxConns int) *sqlx.DB {
+	t.Helper()
+	adminURL := os.Getenv("TEST_DATABASE_URL")
+	if adminURL == "" {
+		adminURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	admin, err := Open(ctx, adminURL, 2)
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("no database (CI=true, so this fails): %v", err)
+		}
+		t.Skipf("no database: %v", err)
+	}
+	t.Cleanup(func() { admin.Close() })
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	name := "tc_db_" + hex.EncodeToString(b)
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+pq.QuoteIdentifier(name)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = admin.Exec("DROP DATABASE IF EXISTS " + pq.QuoteIdentifier(name) + " WITH (FORCE)")
+	})
+	u, err := url.Parse(adminURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + name
+	database, err := Open(ctx, u.String(), maxConns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { database.Close() })
+	if _, err := Migrate(ctx, database, os.DirFS("../sql")); err != nil {
+		t.Fatal(err)
+	}
+	return database
+}
+
+// waitFor polls cond until it holds or timeout passes, and fails the test
+// then; no test sleeps.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) bool {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Errorf("timed out after %s waiting for %s", timeout, what)
+			return false
+		}
+		<-tick.C
+	}
+	return true
+}
+
+// returnsWithin runs f and reports whether it returned within timeout; if
+// not, f is left running.
+func returnsWithin(timeout time.Duration, f func()) bool {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case <-done:
+		return true
+	case <-timer.C:
+		return false
+	}
+}
+
+func newID() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b)
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
+
+// event decodes an event of the contract's shape, as the worker would.
+func event(t *testing.T, id, typ, transfer, from, to string, amount int64) consumer.Event {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{
+		"eventId": id, "eventType": typ, "occurredAt": "2026-07-10T12:00:00Z",
+		"data": map[string]any{"transferId": transfer, "fromAccount": from, "toAccount": to,
+			"amountMinor": amount, "currency": "EUR"},
+	})
+	ev, err := consumer.Decode(body, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev.Message = consumer.Message{RoutingKey: from, Body: body, MessageID: id, ContentType: "application/json"}
+	return ev
+}
+
+// idleInTransaction counts the sessions of database that are idle in a
+// transaction, asked from another session.
+func idleInTransaction(t *testing.T, database *sqlx.DB) int {
+	t.Helper()
+	var n int
+	if err := database.Get(&n, `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid() AND state LIKE 'idle in transaction%'`); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
