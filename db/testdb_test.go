@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"io/fs"
 	"net/url"
 	"os"
 	"testing"
@@ -21,6 +22,12 @@ import (
 // and dropped at the end, with a pool of maxConns. The test is skipped when
 // the server is unreachable, except with CI=true, where it fails.
 func testDB(t *testing.T, maxConns int) *sqlx.DB {
+	t.Helper()
+	return testDBWith(t, maxConns, os.DirFS("../sql"))
+}
+
+// testDBWith is testDB migrated with migrations.
+func testDBWith(t *testing.T, maxConns int, migrations fs.FS) *sqlx.DB {
 	t.Helper()
 	adminURL := os.Getenv("TEST_DATABASE_URL")
 	if adminURL == "" {
@@ -55,7 +62,7 @@ func testDB(t *testing.T, maxConns int) *sqlx.DB {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { database.Close() })
-	if _, err := Migrate(ctx, database, os.DirFS("../sql")); err != nil {
+	if _, err := Migrate(ctx, database, migrations); err != nil {
 		t.Fatal(err)
 	}
 	return database

@@ -1,0 +1,47 @@
+-- A producer conflict is recorded once: a redelivery of the same
+-- conflicting message (the same eventId, the same content as received,
+-- against the same stored content) adds no row to producer_conflict. Each
+-- delivery is still detected, dead-lettered and counted by the metric as
+-- before; a conflict with other content, or against other stored content
+-- (the inbox forgot the event and another content was applied since), is
+-- still a row of its own, so an alert on new rows sees every conflict.
+--
+-- The rows that redeliveries added before this migration are removed,
+-- keeping the first of each (its received_at is when the conflict was
+-- first seen). The table is locked against inserts meanwhile, so that a
+-- replica still running the old claim_taken cannot add a duplicate between
+-- the delete and the index.
+--
+-- Written to run again harmlessly.
+
+LOCK TABLE producer_conflict IN SHARE ROW EXCLUSIVE MODE;
+
+DELETE FROM producer_conflict later
+USING producer_conflict first
+WHERE later.event_id = first.event_id
+  AND later.stored_fingerprint = first.stored_fingerprint
+  AND later.received_fingerprint = first.received_fingerprint
+  AND later.id > first.id;
+
+CREATE UNIQUE INDEX IF NOT EXISTS producer_conflict_once
+    ON producer_conflict (event_id, stored_fingerprint, received_fingerprint);
+
+-- claim_taken as in 0007, recording each conflict once.
+CREATE OR REPLACE FUNCTION claim_taken(p_event_id UUID, p_fingerprint BYTEA) RETURNS TEXT
+LANGUAGE plpgsql AS $$
+DECLARE
+    stored BYTEA;
+BEGIN
+    -- Claimed, and committed (ON CONFLICT waited for the owner), or by this
+    -- very transaction, earlier in its batch.
+    SELECT fingerprint INTO stored FROM processed_event WHERE event_id = p_event_id;
+    IF NOT FOUND OR stored = p_fingerprint THEN
+        -- (Not found: retention removed the row in between; it existed,
+        -- so the event was applied.)
+        RETURN 'duplicate';
+    END IF;
+    INSERT INTO producer_conflict (event_id, stored_fingerprint, received_fingerprint)
+    VALUES (p_event_id, stored, p_fingerprint)
+    ON CONFLICT (event_id, stored_fingerprint, received_fingerprint) DO NOTHING;
+    RETURN 'conflict:' || encode(stored, 'hex');
+END $$;
