@@ -180,8 +180,8 @@ func messageOf(ev consumer.Event) message {
 	}
 	m := ev.Message
 	return message{
-		key: valid(m.RoutingKey), id: valid(m.MessageID), contentType: valid(m.ContentType),
-		body: m.Body, headers: consumer.HeadersJSON(m.Headers),
+		key: valid(storableText(m.RoutingKey)), id: valid(m.MessageID), contentType: valid(storableText(m.ContentType)),
+		body: m.Body, headers: storableHeaders(consumer.HeadersJSON(m.Headers)),
 	}
 }
 

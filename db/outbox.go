@@ -3,7 +3,6 @@ package db
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -50,7 +49,7 @@ func (in *Inbox) DrainOutbox(ctx context.Context, publish func(consumer.OutboxLe
 					RoutingKey: r.RoutingKey, Body: r.Body, MessageID: deref(r.MessageID), ContentType: deref(r.ContentType),
 					Queue: deref(r.Queue), At: r.CreatedAt, Parked: r.Queue != nil}
 				if r.Headers != nil {
-					l.Headers = []byte(*r.Headers)
+					l.Headers = loadedHeaders([]byte(*r.Headers))
 				}
 				if err := publish(l); err != nil {
 					return fmt.Errorf("publish dead letter of event %s: %w", deref(r.EventID), err)
@@ -91,7 +90,8 @@ func (in *Inbox) Park(ctx context.Context, l consumer.OutboxLetter) error {
 	_, err := in.db.ExecContext(ctx, `
 		INSERT INTO dead_letter_outbox (event_id, queue, event_type, class, reason, routing_key, body, headers, message_id, content_type)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULLIF($9, ''), NULLIF($10, ''))`,
-		eventID, l.Queue, l.EventType, l.Class, sanitizeText(l.Reason), l.RoutingKey, l.Body, nullJSON(l.Headers), l.MessageID, l.ContentType)
+		eventID, storableText(l.Queue), storableText(l.EventType), l.Class, storableText(l.Reason), storableText(l.RoutingKey),
+		l.Body, nullJSON(storableHeaders(l.Headers)), storableText(l.MessageID), storableText(l.ContentType))
 	if err != nil {
 		return translate(fmt.Errorf("park the dead letter of event %s: %w", l.EventID, err))
 	}
@@ -116,9 +116,6 @@ func isUUID(s string) bool {
 	}
 	return true
 }
-
-// sanitizeText drops what a text column refuses (NUL).
-func sanitizeText(s string) string { return strings.ReplaceAll(s, "\x00", "") }
 
 // nullJSON is headers as a jsonb parameter: NULL when there are none.
 func nullJSON(b []byte) any {
