@@ -17,12 +17,25 @@ type Letter struct {
 	Queue      string // where it failed
 	RoutingKey string // the original routing key, which replay uses
 	FailedAt   time.Time
+	// DeadSince is the earliest time its headers show the letter was a
+	// dead letter: its x-failed-at, the time of each of its x-death
+	// entries (the broker's, one per queue and reason, each of its first
+	// death there), and its x-replayed-at (a replay put it back, so it had
+	// failed before). Zero when they show none: x-first-death-* and
+	// x-last-death-* carry no time.
+	DeadSince time.Time
 }
 
 // Describe reads a dead letter's headers: the service's own when it
 // dead-lettered the message, else the broker's x-death when the broker did
 // (delivery limit reached, or a reject without requeue).
 func Describe(d amqp.Delivery) Letter {
+	l := describe(d)
+	l.DeadSince = deadSince(d.Headers)
+	return l
+}
+
+func describe(d amqp.Delivery) Letter {
 	l := Letter{EventID: d.MessageId, RoutingKey: d.RoutingKey}
 	if l.EventID == "" {
 		var body struct {
@@ -64,6 +77,34 @@ func Describe(d amqp.Delivery) Letter {
 	return l
 }
 
+// deadSince returns the earliest of the times headers show a dead letter
+// had failed by, zero when they show none.
+func deadSince(headers amqp.Table) time.Time {
+	var first time.Time
+	see := func(at time.Time) {
+		if !at.IsZero() && (first.IsZero() || at.Before(first)) {
+			first = at
+		}
+	}
+	for _, k := range []string{HeaderFailedAt, HeaderReplayedAt} {
+		if s, ok := headers[k].(string); ok {
+			if at, err := time.Parse(time.RFC3339Nano, s); err == nil {
+				see(at)
+			}
+		}
+	}
+	if deaths, ok := headers["x-death"].([]interface{}); ok {
+		for _, x := range deaths {
+			if death, ok := x.(amqp.Table); ok {
+				if at, ok := death["time"].(time.Time); ok {
+					see(at)
+				}
+			}
+		}
+	}
+	return first
+}
+
 // Classes returns every class Describe can give a letter: the service's
 // own dead-letter classes (x-failure-class), the reasons the broker writes
 // in x-death when it dead-letters a message itself, and unknown for a
@@ -84,13 +125,29 @@ type Filter struct {
 	// FailedAfter, when set, leaves out letters that failed before it. A
 	// letter older than the inbox retention may be an event that was
 	// applied and whose inbox row is gone: replaying it would apply it again.
+	// A letter is judged by the earliest time it is known to have been a
+	// dead letter (DeadSince), and one that shows no time at all is left
+	// out too: nothing says it is recent.
 	FailedAfter time.Time
 }
 
 // Match reports whether l passes the filter.
 func (f Filter) Match(l Letter) bool {
+	return f.selects(l) && (f.FailedAfter.IsZero() || l.since().After(f.FailedAfter))
+}
+
+// selects reports whether l passes the filter but for FailedAfter.
+func (f Filter) selects(l Letter) bool {
 	return (f.Class == "" || f.Class == l.Class) &&
 		(f.Reason == "" || strings.Contains(l.Reason, f.Reason)) &&
-		(f.EventID == "" || f.EventID == l.EventID) &&
-		(f.FailedAfter.IsZero() || l.FailedAt.IsZero() || l.FailedAt.After(f.FailedAfter))
+		(f.EventID == "" || f.EventID == l.EventID)
+}
+
+// since is the time l is judged by: DeadSince, else (a Letter not made by
+// Describe) FailedAt; zero when neither is known.
+func (l Letter) since() time.Time {
+	if !l.DeadSince.IsZero() {
+		return l.DeadSince
+	}
+	return l.FailedAt
 }

@@ -66,6 +66,9 @@ type ReplayReport struct {
 	Depth    int    // dead letters in the DLQ when the run started: it scans no more
 	Scanned  int
 	Replayed []Letter // published back (or, on a dry run, that would be)
+	// Letters the filter selected that its FailedAfter left in the DLQ:
+	// TooOld had failed before it, Undated show no time at all.
+	TooOld, Undated int
 }
 
 // Replay publishes the dead letters that match f back to the topology's
@@ -73,7 +76,9 @@ type ReplayReport struct {
 // limit). Each is removed from the DLQ only after the broker confirmed its
 // republication, so a failure midway loses nothing: at worst a letter is both
 // replayed and still in the DLQ, and the inbox makes a second replay
-// harmless. With dryRun it publishes nothing and removes nothing.
+// harmless. With dryRun it publishes nothing and removes nothing. f's
+// FailedAfter (the inbox retention's guard) leaves alone, and counts, the
+// letters that failed before it and those that show no time at all.
 //
 // A run ends: it scans no more letters than the DLQ held when it started,
 // and it never replays a letter that it put back itself and that failed
@@ -88,7 +93,7 @@ func Replay(conn *amqp.Connection, prefix string, f Filter, limit int, dryRun bo
 	defer ch.Close() // returns anything still held, should scan fail
 	var returns chan amqp.Return
 	r.Scanned, r.Depth, err = scan(ch, Queue(prefix), func(d amqp.Delivery, l Letter) (bool, bool, error) {
-		if !replayable(d, l, f, r.Run) {
+		if !r.judge(d, l, f) {
 			return true, false, nil
 		}
 		if !dryRun {
@@ -109,6 +114,24 @@ func Replay(conn *amqp.Connection, prefix string, f Filter, limit int, dryRun bo
 		return limit == 0 || len(r.Replayed) < limit, !dryRun, nil
 	})
 	return r, err
+}
+
+// judge reports whether run r should replay d, and counts in r a letter
+// that f selects but for its FailedAfter.
+func (r *ReplayReport) judge(d amqp.Delivery, l Letter, f Filter) bool {
+	if replayable(d, l, f, r.Run) {
+		return true
+	}
+	unguarded := f
+	unguarded.FailedAfter = time.Time{}
+	if replayable(d, l, unguarded, r.Run) {
+		if l.since().IsZero() {
+			r.Undated++
+		} else {
+			r.TooOld++
+		}
+	}
+	return false
 }
 
 // replayable reports whether run should replay d: it passes f and run did
