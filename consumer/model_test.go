@@ -51,6 +51,10 @@ const (
 	flaky         // its apply panics once, then passes
 )
 
+func (k kind) String() string {
+	return [...]string{"valid", "poison", "rejected", "conflict", "panicky", "flaky"}[k]
+}
+
 func (k kind) causedByMessage() bool {
 	return k == poison || k == rejected || k == conflict || k == panicky
 }
@@ -315,6 +319,7 @@ type replica struct {
 	stopped      bool // shut down for good (until restarted)
 	waiting      bool // the core waits for a tick
 	copying      *slot
+	stalled      int // steps it could not make because a copy waits for an alarm
 	channelGone  bool // the broker closed the channel
 	cancelNotice bool // the broker cancelled the consumer
 	ended        bool // its session was told to end
@@ -329,6 +334,7 @@ type sim struct {
 	reps     []*replica
 	batchMax int
 	linger   bool
+	refusals int // one copy in refusals is refused, about
 	trace    []string
 }
 
@@ -361,13 +367,22 @@ func (s *sim) step(rp *replica) bool {
 		rp.core.end()
 	}
 	if rp.copying != nil {
+		if s.b.alarm && !s.db.down && !rp.ended && !rp.core.closedErr {
+			defer func() {
+				if rp.copying == nil {
+					rp.stalled = 0
+				} else if rp.stalled++; rp.stalled > 20 {
+					s.t.Fatalf("replica %d: the events behind a dead letter wait for an alarm to pass", rp.id)
+				}
+			}()
+		}
 		switch {
 		case rp.ended || rp.core.closedErr:
 			rp.core.copied(copyCut, errors.New("session ended"))
 		case s.b.alarm:
 			s.park(rp) // the alarm cut the wait for the confirm
 		default:
-			s.b.dlq[rp.copying.Event.ID]++
+			s.b.deadLetter(s.db.byID[rp.copying.Event.ID], "copied")
 			rp.core.copied(copied, nil)
 		}
 		rp.copying = nil
@@ -397,16 +412,19 @@ func (s *sim) step(rp *replica) bool {
 		if len(c.buffer) == 0 {
 			return false
 		}
-		tag := c.buffer[0]
-		c.buffer = c.buffer[1:]
-		m := c.held[tag]
-		sl := &slot{Tag: tag, Event: Event{ID: m.id}}
-		if m.kind == poison {
-			sl.Err = Poison(errors.New("not JSON"))
-			sl.Class = ClassPoison
+		// The worker takes what has arrived: some of it, or all.
+		n := 1 + s.r.IntN(len(c.buffer))
+		for _, tag := range c.buffer[:n] {
+			m := c.held[tag]
+			sl := &slot{Tag: tag, Event: Event{ID: m.id}}
+			if m.kind == poison {
+				sl.Err = Poison(errors.New("not JSON"))
+				sl.Class = ClassPoison
+			}
+			s.logf("r%d takes %d (tag %d)", rp.id, m.seq, tag)
+			rp.core.deliver(sl)
 		}
-		s.logf("r%d takes %d (tag %d)", rp.id, m.seq, tag)
-		rp.core.deliver(sl)
+		c.buffer = c.buffer[n:]
 		return true
 	case cmdWait:
 		rp.waiting = true
@@ -425,7 +443,7 @@ func (s *sim) step(rp *replica) bool {
 		case s.b.alarm: // the worker parks it at once
 			s.park(rp)
 			rp.copying = nil
-		case s.r.IntN(20) == 0:
+		case s.r.IntN(s.refusals) == 0:
 			rp.core.copied(copyRefused, errors.New("nacked"))
 			rp.copying = nil
 		}
@@ -454,7 +472,7 @@ func (s *sim) park(rp *replica) {
 		return
 	}
 	s.logf("r%d parks the letter of %s", rp.id, rp.copying.Event.ID)
-	s.b.dlq[rp.copying.Event.ID]++
+	s.b.deadLetter(s.db.byID[rp.copying.Event.ID], "parked")
 	rp.core.copied(copied, nil)
 }
 
@@ -520,9 +538,11 @@ func play(ft *fatalT, sc schedule) {
 	db.t = &tShim{fatal}
 	s.t = &tShim{fatal}
 	var msgs []*mmsg
+	dirt := []int{40, 40, 10}[r.IntN(3)] // one message in dirt is not valid, about
+	s.refusals = []int{20, 4}[r.IntN(2)]
 	for i := 0; i < sc.messages; i++ {
 		k := valid
-		switch x := r.IntN(40); {
+		switch x := r.IntN(dirt); {
 		case x == 0:
 			k = poison
 		case x == 1:
@@ -552,6 +572,14 @@ func play(ft *fatalT, sc schedule) {
 			continue
 		}
 		if !s.progress() {
+			for _, rp := range s.reps {
+				if rp.copying != nil && s.b.alarm && !s.db.down && rp.running && !rp.ended {
+					fatal("replica %d: the queue waits for an alarm to pass behind a dead letter's copy", rp.id)
+				}
+				if rp.running && rp.ended {
+					fatal("replica %d: its session ended, but it waits instead of ending", rp.id)
+				}
+			}
 			if disruptions == 0 {
 				break
 			}
@@ -559,8 +587,14 @@ func play(ft *fatalT, sc schedule) {
 			s.disrupt()
 		}
 	}
-	// The environment heals: every replica that is down starts again.
-	db.down, db.slowOver, b.alarm = false, 0, false
+	// The environment heals: every replica that is down starts again. A
+	// database that is slow for large batches may stay so: they must
+	// shrink until they pass.
+	db.down, b.alarm = false, false
+	if r.IntN(2) == 0 {
+		db.slowOver = 1 + r.IntN(4)
+		s.logf("database slow over %d for good", db.slowOver)
+	}
 	s.logf("the environment heals")
 	for _, rp := range s.reps {
 		if !rp.running {
@@ -631,8 +665,11 @@ type tShim struct{ fatal func(string, ...any) }
 func (t *tShim) Fatalf(format string, args ...any) { t.fatal(format, args...) }
 
 // progress makes one random step of delivery or work; false when none is
-// possible.
+// possible. A dead letter's copy may wait for the broker, but never for
+// long while an alarm blocks publishing and the database could keep the
+// letter: the events behind it must not wait for the alarm to pass.
 func (s *sim) progress() bool {
+
 	order := s.r.Perm(len(s.reps) + 2)
 	for _, i := range order {
 		switch {
