@@ -319,7 +319,7 @@ type replica struct {
 	stopped      bool // shut down for good (until restarted)
 	waiting      bool // the core waits for a tick
 	copying      *slot
-	stalled      int // steps it could not make because a copy waits for an alarm
+	stalled      int  // steps it could not make because a copy waits for an alarm
 	channelGone  bool // the broker closed the channel
 	cancelNotice bool // the broker cancelled the consumer
 	ended        bool // its session was told to end
