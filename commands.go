@@ -116,8 +116,9 @@ list shows how many dead letters there are by class and reason, and the first
 N. replay publishes the matching ones back to the exchange with their original
 routing key, each removed from the DLQ only after the broker confirmed it.
 Replaying an event that was already applied changes nothing, within the inbox
-retention (INBOX_TTL): letters that failed longer ago are left alone unless
---include-older-than-ttl is given.
+retention (INBOX_TTL): letters that failed longer ago, and letters that show
+no failure time at all, are left alone unless --include-older-than-ttl is
+given.
 
 Each run reads at most as many letters as the DLQ held when it started;
 letters that arrive meanwhile wait for the next run. replay marks the letters
@@ -223,6 +224,10 @@ func dlqCommand(cfg config, a dlqArgs, stdout io.Writer) error {
 	if !a.dryRun && len(r.Replayed) > 0 {
 		fmt.Fprintf(stdout, "replay run %s: in header %s of each letter it put back, also of one that failed again\n",
 			r.Run, dlq.HeaderReplayRun)
+	}
+	if r.TooOld+r.Undated > 0 {
+		fmt.Fprintf(stdout, "left alone: %d that failed longer ago than INBOX_TTL, %d that show no failure time (--include-older-than-ttl replays them)\n",
+			r.TooOld, r.Undated)
 	}
 	printLetters(stdout, r.Replayed)
 	return err
