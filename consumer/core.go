@@ -167,6 +167,9 @@ func (c *core) deliver(s *slot) {
 		s.Fate = fateLetter
 	}
 	c.slots = append(c.slots, s)
+	if c.busy == cmdWait && !c.backoff && len(c.pending()) >= c.max {
+		c.busy, c.lingered = cmdNone, true // the batch is full: no more lingering
+	}
 }
 
 // pending returns the slots still to apply, in order.

@@ -57,6 +57,11 @@ func (w *worker) run(session context.Context) error {
 		}
 	}()
 	for {
+		if ended != nil && session.Err() != nil {
+			// An ended session goes first, even with deliveries waiting.
+			ended = nil
+			w.core.end()
+		}
 		cmd := w.core.next()
 		switch cmd.Kind {
 		case cmdDone:
