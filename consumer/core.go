@@ -295,6 +295,20 @@ func (c *core) end() {
 	}
 }
 
+// cancelled: the broker cancelled the consumer (from 4.3 its consumer
+// timeout does so, and has already returned what the consumer held, so an
+// ack would no longer remove anything). Nothing more is settled or applied:
+// the channel is closed, which returns whatever the broker still counts as
+// held, in order; what had committed comes back as duplicates.
+func (c *core) cancelled() {
+	c.end()
+	for _, s := range c.slots {
+		if s.Fate != fateApplying {
+			s.Fate = fateReturn
+		}
+	}
+}
+
 // channelClosed: the channel is gone, and with it everything in hand: the
 // broker returns what was not settled.
 func (c *core) channelClosed() {

@@ -175,6 +175,9 @@ func (b *broker) settle(c *mconsumer, tag uint64, multiple, ack bool, requeue, c
 	if c.closed {
 		return errors.New("channel closed")
 	}
+	if _, ok := c.held[tag]; !ok && c.cancelled && b.ver == v43 {
+		return nil // returned by the timeout already: accepted, and nothing happens
+	}
 	if _, ok := c.held[tag]; !ok {
 		// An unknown delivery tag: the broker closes the channel (406).
 		b.closeChannel(c)
@@ -235,8 +238,10 @@ func (b *broker) closeChannel(c *mconsumer) {
 }
 
 // timeout is the consumer timeout of the active consumer, holding something:
-// up to 4.2 the channel is closed; from 4.3 the consumer is cancelled and
-// what it held is returned, counted, while the channel stays open.
+// up to 4.2 the channel is closed, and the returns count; from 4.3 the
+// consumer is cancelled and what it held is returned at once, uncounted,
+// while the channel stays open, and a late ack of one of those tags is
+// accepted and does nothing.
 func (b *broker) timeout() bool {
 	c := b.active()
 	if c == nil || len(c.held) == 0 {
@@ -254,7 +259,7 @@ func (b *broker) timeout() bool {
 	}
 	sortTags(tags)
 	for _, t := range tags {
-		b.giveBack(c.held[t], true)
+		b.giveBack(c.held[t], false)
 	}
 	c.held = map[uint64]*mmsg{}
 	c.rep.cancelNotice = true
@@ -362,9 +367,9 @@ func (s *sim) step(rp *replica) bool {
 	if rp.channelGone {
 		rp.channelGone = false
 		rp.core.channelClosed()
-	} else if rp.cancelNotice {
+	} else if rp.cancelNotice && s.r.IntN(2) == 0 { // the notice arrives when it does
 		rp.cancelNotice = false
-		rp.core.end()
+		rp.core.cancelled()
 	}
 	if rp.copying != nil {
 		if s.b.alarm && !s.db.down && !rp.ended && !rp.core.closedErr {
@@ -416,6 +421,9 @@ func (s *sim) step(rp *replica) bool {
 		n := 1 + s.r.IntN(len(c.buffer))
 		for _, tag := range c.buffer[:n] {
 			m := c.held[tag]
+			if m == nil {
+				continue // returned by a consumer timeout (4.3) before the worker took it
+			}
 			sl := &slot{Tag: tag, Event: Event{ID: m.id}}
 			if m.kind == poison {
 				sl.Err = Poison(errors.New("not JSON"))

@@ -103,7 +103,7 @@ func (w *worker) run(session context.Context) error {
 						failed = fmt.Errorf("queue %s: consumer channel closed: %v", w.queue, reason)
 					}
 				} else {
-					w.core.end()
+					w.core.cancelled()
 					if failed == nil {
 						failed = fmt.Errorf("queue %s: the broker cancelled the consumer", w.queue)
 					}
