@@ -1,0 +1,165 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// A few schedules of the core spelled out, as a reader would follow them;
+// model_test.go runs thousands of random ones.
+
+// drive feeds the core and records the commands it gives, answering each
+// apply with result(tags) and each copy with copied. It stops at cmdNone
+// or cmdDone.
+func drive(c *core, result func(tags []uint64) ([]Outcome, error, Class)) []string {
+	var log []string
+	for i := 0; i < 100; i++ {
+		cmd := c.next()
+		var tags []uint64
+		for _, s := range cmd.Slots {
+			tags = append(tags, s.Tag)
+		}
+		switch cmd.Kind {
+		case cmdNone, cmdDone:
+			return append(log, cmd.Kind.String())
+		case cmdApply:
+			outs, err, class := result(tags)
+			log = append(log, fmt.Sprintf("apply %v", tags))
+			c.applied(outs, err, class)
+		case cmdCopy:
+			log = append(log, fmt.Sprintf("copy %v", tags))
+			c.copied(copied, nil)
+		case cmdWait:
+			log = append(log, "wait")
+			c.tick()
+		case cmdAck:
+			log = append(log, fmt.Sprintf("ack %d multiple=%v", cmd.Tag, cmd.Multiple))
+		case cmdReject:
+			log = append(log, fmt.Sprintf("reject %v", tags))
+		case cmdClose:
+			log = append(log, fmt.Sprintf("close returning %v", tags))
+		}
+	}
+	return append(log, "…")
+}
+
+func deliverN(c *core, n int, bad ...uint64) {
+	for tag := uint64(1); tag <= uint64(n); tag++ {
+		s := &slot{Tag: tag, Event: Event{ID: fmt.Sprint(tag)}}
+		for _, b := range bad {
+			if b == tag {
+				s.Err, s.Class = Poison(errors.New("not JSON")), ClassPoison
+			}
+		}
+		c.deliver(s)
+	}
+}
+
+func ok(tags []uint64) ([]Outcome, error, Class) { return make([]Outcome, len(tags)), nil, "" }
+
+func TestCoreSchedules(t *testing.T) {
+	transient := Transient(errors.New("connection refused"))
+	tests := []struct {
+		name   string
+		max    int
+		n      int
+		poison []uint64
+		result func(c *core, tags []uint64) ([]Outcome, error, Class)
+		want   string
+		prefix bool // want is how it starts; it goes on the same way
+	}{
+		{name: "a batch commits, one multiple ack", max: 50, n: 3,
+			want: "apply [1 2 3]; ack 3 multiple=true; none"},
+		{name: "poison is copied, the rest applied, one ack covers both", max: 50, n: 3, poison: []uint64{2},
+			want: "copy [2]; apply [1 3]; ack 3 multiple=true; none"},
+		{name: "an event the database refuses is found by halves; only it is dead-lettered", max: 50, n: 4,
+			result: func(_ *core, tags []uint64) ([]Outcome, error, Class) {
+				for _, tag := range tags {
+					if tag == 3 {
+						return nil, Rejected(errors.New("22003")), ClassRejected
+					}
+				}
+				return make([]Outcome, len(tags)), nil, ""
+			},
+			want: "apply [1 2 3 4]; apply [1 2]; ack 2 multiple=true; apply [3]; copy [3]; ack 3 multiple=false; apply [4]; ack 4 multiple=false; none"},
+		{name: "the environment fails a batch: retried in place with half as many", max: 50, n: 4,
+			result: func(c *core, tags []uint64) ([]Outcome, error, Class) {
+				if len(tags) > 2 {
+					return nil, transient, ClassTransient
+				}
+				return make([]Outcome, len(tags)), nil, ""
+			},
+			want: "apply [1 2 3 4]; wait; apply [1 2]; ack 2 multiple=true; apply [3 4]; ack 4 multiple=true; none"},
+		{name: "a panic is retried in place, then dead-lettered; the event behind waits for it", max: 1, n: 2,
+			result: func(_ *core, tags []uint64) ([]Outcome, error, Class) {
+				if tags[0] == 1 {
+					return nil, &classified{class: ClassPanic, err: errors.New("panic: boom")}, ClassPanic
+				}
+				return make([]Outcome, len(tags)), nil, ""
+			},
+			want: "apply [1]; wait; apply [1]; wait; apply [1]; copy [1]; ack 1 multiple=false; apply [2]; ack 2 multiple=false; none"},
+		{name: "a second panic with nothing applied since is the service's: it stays in place", max: 1, n: 2,
+			result: func(_ *core, tags []uint64) ([]Outcome, error, Class) {
+				return nil, &classified{class: ClassPanic, err: errors.New("panic: boom")}, ClassPanic
+			},
+			want: "apply [1]; wait; apply [1]; wait; apply [1]; copy [1]; ack 1 multiple=false; " +
+				strings.Repeat("apply [2]; wait; ", 10), prefix: true},
+		{name: "the session ends while the environment fails: nothing more applied, all returned by the close", max: 50, n: 3,
+			result: func(c *core, tags []uint64) ([]Outcome, error, Class) {
+				c.end()
+				return nil, transient, ClassTransient
+			},
+			want: "apply [1 2 3]; close returning [1 2 3]; done"},
+		{name: "the session ends after a commit: ack what committed, return the rest", max: 2, n: 3,
+			result: func(c *core, tags []uint64) ([]Outcome, error, Class) {
+				c.end()
+				return make([]Outcome, len(tags)), nil, ""
+			},
+			want: "apply [1 2]; ack 2 multiple=true; close returning [3]; done"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newCore(tt.max, false)
+			deliverN(c, tt.n, tt.poison...)
+			result := func(tags []uint64) ([]Outcome, error, Class) {
+				if tt.result == nil {
+					return ok(tags)
+				}
+				return tt.result(c, tags)
+			}
+			got := strings.Join(drive(c, result), "; ")
+			if tt.prefix && strings.HasPrefix(got, tt.want) && strings.Count(got, "copy") == strings.Count(tt.want, "copy") {
+				return
+			}
+			if got != tt.want {
+				t.Errorf("\ngot  %s\nwant %s", got, tt.want)
+			}
+		})
+	}
+}
+
+// A refused copy is rejected (the queue's own dead-lettering keeps it)
+// before any multiple ack could cover it.
+func TestCoreRejectsARefusedCopyBeforeTheAck(t *testing.T) {
+	c := newCore(50, false)
+	deliverN(c, 3, 1)
+	var got []string
+	for cmd := c.next(); cmd.Kind != cmdNone; cmd = c.next() {
+		got = append(got, cmd.Kind.String())
+		switch cmd.Kind {
+		case cmdCopy:
+			c.copied(copyRefused, errors.New("nacked"))
+		case cmdApply:
+			c.applied(make([]Outcome, len(cmd.Slots)), nil, "")
+		case cmdAck:
+			if cmd.Tag != 3 || !cmd.Multiple {
+				t.Errorf("ack %d multiple=%v, want 3 multiple", cmd.Tag, cmd.Multiple)
+			}
+		}
+	}
+	if want := "copy reject apply ack"; strings.Join(got, " ") != want {
+		t.Errorf("commands %v, want %s", got, want)
+	}
+}
