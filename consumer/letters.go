@@ -22,8 +22,8 @@ import (
 // only the worker holding a dead letter waits for the alarm to pass; every
 // other queue goes on.
 type letters struct {
-	urls  []string // the broker's nodes
-	first int      // the node to try first: the consuming connection's
+	urls  func() ([]string, error) // the broker's nodes, asked at each dial (Config.urls)
+	first int                      // the node to try first: the consuming connection's
 	name  string
 	log   *slog.Logger
 
@@ -74,7 +74,11 @@ func (p *letters) channel() (*amqp.Channel, <-chan amqp.Return, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.conn == nil || p.conn.IsClosed() {
-		conn, _, err := Dial(p.urls, p.first, p.name)
+		urls, err := p.urls()
+		if err != nil {
+			return nil, nil, fmt.Errorf("connect for dead letters: %w", err)
+		}
+		conn, _, err := Dial(urls, p.first, p.name)
 		if err != nil {
 			return nil, nil, fmt.Errorf("connect for dead letters: %w", err)
 		}

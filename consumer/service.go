@@ -85,7 +85,11 @@ type Config struct {
 	// URLs are the broker's AMQP URLs, vhost included: one, or one per node
 	// of a cluster. Each session connects to the first that answers,
 	// starting after the one the last session lost.
-	URLs     []string
+	URLs []string
+	// URLsFunc, when set, is called for the URLs before each dial instead
+	// of reading URLs, so that a credential rotated in a file is used at
+	// the next reconnect, without a restart. An error is a failed dial.
+	URLsFunc func() ([]string, error)
 	Topology Topology
 	Declare  bool   // declare the topology on every (re)connect
 	Instance string // connection name, consumer tags, dead-letter headers
@@ -322,20 +326,24 @@ func (s *Service) session(stop, work context.Context) error {
 	if err := s.awaitHealthy(stop); err != nil {
 		return err
 	}
-	conn, used, err := Dial(s.cfg.URLs, s.next, s.cfg.Instance)
+	urls, err := s.cfg.urls()
+	if err != nil {
+		return fmt.Errorf("connect to broker: %w", err)
+	}
+	conn, used, err := Dial(urls, s.next, s.cfg.Instance)
 	if err != nil {
 		return fmt.Errorf("connect to broker: %w", err)
 	}
 	s.brokerErr.Store(nil)
 	defer conn.Close()
-	s.next = (used + 1) % len(s.cfg.URLs) // should this session be lost, try another node first
-	if len(s.cfg.URLs) > 1 {
-		s.log.Info("connected to broker", "node", fmt.Sprintf("%d of %d", used+1, len(s.cfg.URLs)))
+	s.next = (used + 1) % len(urls) // should this session be lost, try another node first
+	if len(urls) > 1 {
+		s.log.Info("connected to broker", "node", fmt.Sprintf("%d of %d", used+1, len(urls)))
 	}
 	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
 	s.connected.Store(true)
 	defer s.connected.Store(false)
-	letters := &letters{urls: s.cfg.URLs, first: used, name: s.cfg.Instance + " dead-letters", log: s.log,
+	letters := &letters{urls: s.cfg.urls, first: used, name: s.cfg.Instance + " dead-letters", log: s.log,
 		unblocked: s.kickDrain}
 	s.letters.Store(letters)
 	defer letters.close()
@@ -434,6 +442,18 @@ func (s *Service) look(conn *amqp.Connection) {
 // maxQueues bounds the look for queues beyond QUEUE_COUNT (the largest
 // count the configuration accepts).
 const maxQueues = 1024
+
+// urls returns the broker's URLs for a dial: URLsFunc's, when it is set.
+func (c Config) urls() ([]string, error) {
+	if c.URLsFunc == nil {
+		return c.URLs, nil
+	}
+	urls, err := c.URLsFunc()
+	if err == nil && len(urls) == 0 {
+		err = errors.New("no broker URL")
+	}
+	return urls, err
+}
 
 // ConsumerArgs returns the consume arguments for queue i: a consumer priority
 // that prefers this replica's share of the queues, when there are replicas.
