@@ -102,3 +102,40 @@ func TestDLQReplayAcceptsEveryClass(t *testing.T) {
 		}
 	}
 }
+
+// migrate's help and a wrong use of its flags need neither the
+// configuration nor the database.
+func TestMigrateArgumentsNeedNoDatabase(t *testing.T) {
+	noBroker(t)
+	tests := []struct {
+		args []string
+		want string // in the error; "" for the help, which succeeds
+	}{
+		{[]string{"migrate", "--help"}, ""},
+		{[]string{"migrate", "-h"}, ""},
+		{[]string{"migrate", "--grant-to"}, "migrate: flag needs an argument: -grant-to"},
+		{[]string{"migrate", "--grant-to", ""}, "migrate: --grant-to needs a role"},
+		{[]string{"migrate", "--grant-to", "svc", "extra"}, `migrate takes no arguments, got ["extra"]`},
+		{[]string{"migrate", "--bogus"}, "migrate: flag provided but not defined: -bogus"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			err := run(t.Context(), tt.args, &stdout, &stderr)
+			if tt.want == "" {
+				if err != nil || !strings.Contains(stdout.String(), "--grant-to ROLE then grants ROLE") {
+					t.Errorf("exit with %v, want 0 and the usage; stdout:\n%s", err, stdout.String())
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), "Usage: transferconsumer migrate") {
+				t.Errorf("got %v, want %q and the usage", err, tt.want)
+			}
+		})
+	}
+	// The role is taken as it is given: a name PostgreSQL folds to lower
+	// case unquoted is quoted, and so kept.
+	if role, err := parseMigrate([]string{"--grant-to", "Svc Role"}, nil); err != nil || role != "Svc Role" {
+		t.Errorf("parseMigrate = %q, %v", role, err)
+	}
+}

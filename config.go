@@ -21,7 +21,8 @@ import (
 // config is every setting, each an environment variable; --help prints them.
 type config struct {
 	AMQPURL         string        `envconfig:"AMQP_URL" default:"amqp://guest:guest@localhost:5672/" desc:"RabbitMQ URL, vhost included; for a cluster, one URL per node, comma-separated, tried in turn (on loss the service moves to the next)"`
-	DatabaseURL     string        `envconfig:"DATABASE_URL" default:"postgres://postgres@localhost:5432/transfers?sslmode=disable" desc:"PostgreSQL URL; the database is created if missing (when the user may)"`
+	DatabaseURL     string        `envconfig:"DATABASE_URL" default:"postgres://postgres@localhost:5432/transfers?sslmode=disable" desc:"PostgreSQL URL; the database is created if missing (when the user may and MIGRATE=true)"`
+	Migrate         bool          `envconfig:"MIGRATE" default:"true" desc:"apply missing migrations at start, when the role may; false never changes the database: the service only checks that the schema is current, and waits until it is"`
 	QueueCount      int           `envconfig:"QUEUE_COUNT" default:"8" desc:"partition queues PREFIX.0 … PREFIX.(N-1) bound to the hash exchange"`
 	Prefix          string        `envconfig:"TOPOLOGY_PREFIX" default:"transfers" desc:"name of the hash exchange and prefix of the queues, PREFIX.dlx and PREFIX.dlq"`
 	DeliveryLimit   int           `envconfig:"DELIVERY_LIMIT" default:"10" desc:"quorum x-delivery-limit: returns of a message before the broker dead-letters it (so at most N+1 deliveries)"`

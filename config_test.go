@@ -261,3 +261,21 @@ func TestUnknownCommandFails(t *testing.T) {
 		t.Errorf("got %v", err)
 	}
 }
+
+// MIGRATE is on unless set to false; the quick start migrates.
+func TestConfigMigrate(t *testing.T) {
+	for _, tt := range []struct {
+		value string
+		want  bool
+	}{{"", true}, {"true", true}, {"false", false}} {
+		t.Run(tt.value, func(t *testing.T) {
+			if tt.value != "" {
+				t.Setenv("MIGRATE", tt.value)
+			}
+			c, err := loadConfig()
+			if err != nil || c.Migrate != tt.want {
+				t.Errorf("MIGRATE=%q: %v, %v, want %v", tt.value, c.Migrate, err, tt.want)
+			}
+		})
+	}
+}

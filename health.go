@@ -11,6 +11,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"transferconsumer/consumer"
+	"transferconsumer/db"
 )
 
 // health is what /readyz and the scrape-time gauges read. The HTTP server
@@ -20,8 +21,28 @@ import (
 type health struct {
 	svc      atomic.Pointer[consumer.Service]
 	database atomic.Pointer[sqlx.DB]
-	starting atomic.Pointer[string] // why the database is not ready yet, during start-up
+	starting atomic.Pointer[string]      // why the database is not ready yet, during start-up
+	schema   atomic.Pointer[schemaState] // nil until the schema was first checked
 }
+
+// schemaState is what start-up last found of the schema.
+type schemaState struct {
+	current bool
+	reason  string   // why the service waits, when it is not current
+	missing []string // the migrations missing, when that is why
+}
+
+// schemaWaiting records why start-up waits for the schema.
+func (h *health) schemaWaiting(err error) {
+	st := &schemaState{reason: err.Error()}
+	if behind, ok := errors.AsType[*db.Behind](err); ok {
+		st.missing = behind.Missing
+	}
+	h.schema.Store(st)
+}
+
+// schemaCurrent records that the schema has every migration.
+func (h *health) schemaCurrent() { h.schema.Store(&schemaState{current: true}) }
 
 // setStarting records why start-up waits for the database.
 func (h *health) setStarting(format string, a ...any) {
@@ -65,6 +86,7 @@ func (h *health) readiness() (int, map[string]any) {
 		"queues":           st.Queues,
 		"database_up":      dbErr == nil,
 		"database":         "ok",
+		"schema":           "ok",
 		"broker":           "ok",
 	}
 	ready := dbErr == nil
@@ -72,7 +94,20 @@ func (h *health) readiness() (int, map[string]any) {
 		body["database"] = redactErr(dbErr)
 		body["database_error"] = body["database"]
 	}
+	schema := h.schema.Load()
 	switch {
+	case schema == nil:
+		body["schema"] = "not checked yet: waiting for the database"
+	case !schema.current:
+		body["schema"] = redactText(schema.reason)
+		if len(schema.missing) > 0 {
+			body["missing_migrations"] = schema.missing
+		}
+	}
+	ready = ready && body["schema"] == "ok"
+	switch {
+	case h.svc.Load() == nil && schema != nil && !schema.current:
+		body["broker"] = "not started: waiting for the schema"
 	case h.svc.Load() == nil:
 		body["broker"] = "not started: waiting for the database"
 	case !st.Connected && st.BrokerErr != "":

@@ -53,7 +53,8 @@ const usageText = `Usage: transferconsumer [command]
 
 Commands:
   (none), run          consume every partition queue until SIGTERM or SIGINT
-  migrate              create or update the database schema, then exit
+  migrate [--grant-to ROLE]
+                       create or update the database schema, then exit (see migrate --help)
   topology             declare the exchanges, queues and bindings, then exit
   prune                delete inbox rows older than INBOX_TTL, then exit
   repartition --to N   add queues up to N without reordering accounts (see repartition --help)
@@ -76,13 +77,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	default:
 		return fmt.Errorf("unknown command %q (try --help)", cmd)
 	}
-	if cmd != "dlq" && cmd != "repartition" && len(args) > 0 {
+	if cmd != "dlq" && cmd != "repartition" && cmd != "migrate" && len(args) > 0 {
 		return fmt.Errorf("%s takes no arguments, got %q", cmd, args)
 	}
 	var dlqCmd dlqArgs
-	if cmd == "dlq" { // before the configuration: help and a wrong flag need neither it nor the broker
+	var grantTo string
+	// Before the configuration: help and a wrong flag need neither it nor
+	// the broker or the database.
+	switch cmd {
+	case "dlq":
 		var err error
 		if dlqCmd, err = parseDLQ(args, stdout); err != nil {
+			return flagErr(err)
+		}
+	case "migrate":
+		var err error
+		if grantTo, err = parseMigrate(args, stdout); err != nil {
 			return flagErr(err)
 		}
 	}
@@ -102,7 +112,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	switch cmd {
 	case "migrate":
-		return migrateCommand(ctx, cfg, migrations, stdout)
+		return migrateCommand(ctx, cfg, migrations, grantTo, stdout)
 	case "topology":
 		return topologyCommand(cfg, stdout)
 	case "prune":
@@ -116,12 +126,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 // serve connects to the database (waiting for it while it is unreachable),
-// migrates it, and consumes until ctx ends, with the health and metrics
-// server, answering from the first instant, and the inbox retention job
-// beside the consumer.
+// checks that its schema is current, migrating it when it may (MIGRATE),
+// waits for as long as it is not, and consumes until ctx ends, with the
+// health and metrics server, answering from the first instant, and the
+// inbox retention job beside the consumer.
 func serve(ctx context.Context, cfg config, log *slog.Logger, migrations fs.FS) error {
 	log.Info("starting", "instance", cfg.instance(), "amqp_url", redact(cfg.AMQPURL),
-		"database_url", redact(cfg.DatabaseURL), "queues", cfg.QueueCount, "prefix", cfg.Prefix)
+		"database_url", redact(cfg.DatabaseURL), "queues", cfg.QueueCount, "prefix", cfg.Prefix, "migrate", cfg.Migrate)
 	h := &health{}
 	m := newMetrics(h)
 	var wg sync.WaitGroup
@@ -146,17 +157,19 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, migrations fs.FS) 
 		go func() { defer wg.Done(); srv.serve(ln) }()
 	}
 
-	database, err := db.OpenWhenReady(ctx, cfg.DatabaseURL, cfg.dbMaxConns(), cfg.backoff(), log,
+	// With MIGRATE=false the service creates no database either: it
+	// changes nothing of the database's structure.
+	database, err := db.OpenWhenReady(ctx, cfg.DatabaseURL, cfg.Migrate, cfg.dbMaxConns(), cfg.backoff(), log,
 		func(err error) { h.setStarting("%v", err) })
 	if err != nil {
 		return nil // ctx ended: stopped while waiting
 	}
 	defer database.Close()
-	if err := db.MigrateWhenReady(ctx, database, migrations, cfg.backoff(), log,
-		func(err error) { h.setStarting("migrating: %v", err) }); err != nil {
+	h.database.Store(database)
+	if err := db.SchemaWhenReady(ctx, database, migrations, cfg.Migrate, cfg.backoff(), log, h.schemaWaiting); err != nil {
 		return nil
 	}
-	h.database.Store(database)
+	h.schemaCurrent()
 
 	tracer, stopTracing, err := newTracer(ctx)
 	if err != nil {

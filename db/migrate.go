@@ -2,6 +2,7 @@ package db
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
@@ -10,24 +11,24 @@ import (
 	"strings"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
 )
 
 // migrationLock is the advisory lock key that serialises migrations, so two
 // replicas starting at once apply each migration exactly once.
 const migrationLock = 7_301_001
 
-// Migrate applies, in order, every NNNN_name.sql file in migrations that the
-// database has not recorded yet, all in one transaction under an advisory
-// lock: a replica that starts at the same moment waits, then finds nothing
-// left to do. It returns the names of the migrations it applied.
-func Migrate(ctx context.Context, db *sqlx.DB, migrations fs.FS) ([]string, error) {
+// migration is one NNNN_name.sql file.
+type migration struct {
+	version int
+	name    string
+}
+
+// list returns the migrations in migrations, in the order of their numbers.
+func list(migrations fs.FS) ([]migration, error) {
 	files, err := fs.Glob(migrations, "*.sql")
 	if err != nil {
 		return nil, fmt.Errorf("list migrations: %w", err)
-	}
-	type migration struct {
-		version int
-		name    string
 	}
 	var all []migration
 	for _, f := range files {
@@ -38,7 +39,47 @@ func Migrate(ctx context.Context, db *sqlx.DB, migrations fs.FS) ([]string, erro
 		all = append(all, migration{v, f})
 	}
 	sort.Slice(all, func(i, j int) bool { return all[i].version < all[j].version })
+	return all, nil
+}
 
+// missing returns the names of the migrations of all whose versions are not
+// in done.
+func missing(all []migration, done []int) []string {
+	have := map[int]bool{}
+	for _, v := range done {
+		have[v] = true
+	}
+	var out []string
+	for _, m := range all {
+		if !have[m.version] {
+			out = append(out, m.name)
+		}
+	}
+	return out
+}
+
+// Pending returns the names of the migrations in migrations that the
+// database has not recorded, in order; none when the schema is current. It
+// only reads (SELECT on schema_migration is all it needs), so a role that
+// may not change the schema can ask. A database without schema_migration
+// has every migration pending. A failure to read is returned as it is: a
+// 42501 there means the role may not even read schema_migration.
+func Pending(ctx context.Context, db *sqlx.DB, migrations fs.FS) ([]string, error) {
+	missing, _, err := pending(ctx, db, migrations)
+	return missing, err
+}
+
+// Migrate applies, in order, every NNNN_name.sql file in migrations that the
+// database has not recorded yet, all in one transaction under an advisory
+// lock: a replica that starts at the same moment waits, then finds nothing
+// left to do. It returns the names of the migrations it applied. It needs
+// CREATE on the schema, even with nothing to apply: a role that may not is
+// refused with 42501 (see Refused), and should ask Pending instead.
+func Migrate(ctx context.Context, db *sqlx.DB, migrations fs.FS) ([]string, error) {
+	all, err := list(migrations)
+	if err != nil {
+		return nil, err
+	}
 	var applied []string
 	err = inTx(ctx, db, func(tx *sqlx.Tx) error {
 		if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, migrationLock); err != nil {
@@ -54,14 +95,12 @@ func Migrate(ctx context.Context, db *sqlx.DB, migrations fs.FS) ([]string, erro
 		if err := tx.SelectContext(ctx, &done, `SELECT version FROM schema_migration`); err != nil {
 			return fmt.Errorf("read schema_migration: %w", err)
 		}
-		have := map[int]bool{}
-		for _, v := range done {
-			have[v] = true
-		}
+		byName := map[string]migration{}
 		for _, m := range all {
-			if have[m.version] {
-				continue
-			}
+			byName[m.name] = m
+		}
+		for _, name := range missing(all, done) {
+			m := byName[name]
 			body, err := fs.ReadFile(migrations, m.name)
 			if err != nil {
 				return fmt.Errorf("read migration %s: %w", m.name, err)
@@ -81,4 +120,14 @@ func Migrate(ctx context.Context, db *sqlx.DB, migrations fs.FS) ([]string, erro
 		return nil, err
 	}
 	return applied, nil
+}
+
+// Refused reports whether err is the database refusing the role a
+// privilege (42501, insufficient_privilege: no CREATE on the schema, not
+// the owner of a table, no SELECT on one). Unlike a lost connection or a
+// standby, that does not heal by trying again: someone must grant, or
+// someone else must do it.
+func Refused(err error) bool {
+	var pqErr *pq.Error
+	return errors.As(err, &pqErr) && pqErr.Code == "42501"
 }

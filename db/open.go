@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
 	"net/url"
 	"time"
@@ -16,20 +15,21 @@ import (
 )
 
 // OpenWhenReady opens the database at url, creating it first if it does
-// not exist (when the user may), and waits with backoff for as long as that
-// fails: a database that is down, a login refused, a database nobody may
-// create yet, all may heal, and the service's health endpoint says why it
-// waits meanwhile. waiting, when set, is told each failure. It returns only
-// an open database, or ctx's error when ctx ends first.
-func OpenWhenReady(ctx context.Context, url string, maxConns int, b consumer.Backoff, log *slog.Logger, waiting func(error)) (*sqlx.DB, error) {
+// not exist and create is true (when the user may), and waits with
+// backoff for as long as that fails: a database that is down, a login
+// refused, a database nobody may create yet, all may heal, and the
+// service's health endpoint says why it waits meanwhile. waiting, when
+// set, is told each failure. It returns only an open database, or ctx's
+// error when ctx ends first.
+func OpenWhenReady(ctx context.Context, url string, create bool, maxConns int, b consumer.Backoff, log *slog.Logger, waiting func(error)) (*sqlx.DB, error) {
 	var th consumer.Throttle
 	for attempt := 0; ; attempt++ {
 		db, err := Open(ctx, url, maxConns)
-		if isMissingDatabase(err) {
-			if cerr := createDatabase(ctx, url); cerr != nil {
+		if isMissingDatabase(err) && create {
+			if name, cerr := createDatabase(ctx, url); cerr != nil {
 				err = fmt.Errorf("%w; creating it failed too: %v", err, cerr)
 			} else {
-				log.Info("created database", "database", databaseName(url))
+				log.Info("created database", "database", name)
 				db, err = Open(ctx, url, maxConns)
 			}
 		}
@@ -41,7 +41,7 @@ func OpenWhenReady(ctx context.Context, url string, maxConns int, b consumer.Bac
 		}
 		delay := b.Delay(attempt)
 		if due, _ := th.Due(attempt+1, err.Error()); due {
-			if hint := openHint(err); hint != "" {
+			if hint := openHint(err, create); hint != "" {
 				log.Error("the database refused the service, waiting", "err", err, "hint", hint,
 					"attempts", attempt+1, "delay_ms", delay.Milliseconds())
 			} else {
@@ -58,7 +58,7 @@ func OpenWhenReady(ctx context.Context, url string, maxConns int, b consumer.Bac
 
 // openHint says what a person should check when the server answered but
 // refused: a login or a database, as opposed to one that does not answer.
-func openHint(err error) string {
+func openHint(err error, create bool) string {
 	var pqErr *pq.Error
 	if !errors.As(err, &pqErr) {
 		return ""
@@ -67,40 +67,14 @@ func openHint(err error) string {
 	case "28":
 		return "check the user and password in DATABASE_URL, and that the role may log in"
 	case "3D":
+		if !create {
+			return "the database does not exist, and with MIGRATE=false the service does not create it: its owner must"
+		}
 		return "the database does not exist and the user may not create it: create it, or give the user CREATEDB"
 	case "42":
 		return "check the role's privileges on the database"
 	}
 	return ""
-}
-
-// MigrateWhenReady runs Migrate, waiting with backoff for as long as it
-// fails (a read-only standby after a failover, a lock, a revoked grant):
-// the health endpoint says why meanwhile. waiting, when set, is told each
-// failure. It returns nil once migrated, or ctx's error.
-func MigrateWhenReady(ctx context.Context, db *sqlx.DB, migrations fs.FS, b consumer.Backoff, log *slog.Logger, waiting func(error)) error {
-	var th consumer.Throttle
-	for attempt := 0; ; attempt++ {
-		applied, err := Migrate(ctx, db, migrations)
-		if err == nil {
-			if len(applied) > 0 {
-				log.Info("migrated", "applied", applied)
-			}
-			return nil
-		}
-		if waiting != nil {
-			waiting(err)
-		}
-		delay := b.Delay(attempt)
-		if due, _ := th.Due(attempt+1, err.Error()); due {
-			log.Error("migration failed, retrying", "err", err, "attempts", attempt+1, "delay_ms", delay.Milliseconds())
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(delay):
-		}
-	}
 }
 
 func isMissingDatabase(err error) bool {
@@ -117,26 +91,27 @@ func databaseName(raw string) string {
 }
 
 // createDatabase connects to the maintenance database "postgres" on the same
-// server with the same credentials and creates the database url names.
-func createDatabase(ctx context.Context, raw string) error {
+// server with the same credentials and creates the database url names; it
+// returns that name.
+func createDatabase(ctx context.Context, raw string) (string, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return err
+		return "", err
 	}
 	name := databaseName(raw)
 	if name == "" {
-		return errors.New("the URL names no database")
+		return "", errors.New("the URL names no database")
 	}
 	u.Path = "/postgres"
 	admin, err := sqlx.Open("postgres", u.String())
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer admin.Close()
 	_, err = admin.ExecContext(ctx, "CREATE DATABASE "+pq.QuoteIdentifier(name))
 	var pqErr *pq.Error
 	if errors.As(err, &pqErr) && pqErr.Code == "42P04" { // duplicate_database: a replica won
-		return nil
+		return name, nil
 	}
-	return err
+	return name, err
 }
