@@ -60,7 +60,7 @@ func parseMigrate(args []string, help io.Writer) (string, error) {
 }
 
 func migrateCommand(ctx context.Context, cfg config, migrations fs.FS, grantTo string, stdout io.Writer) error {
-	database, err := db.Open(ctx, cfg.DatabaseURL, 2)
+	database, err := db.OpenFrom(ctx, cfg.databaseURL, 2)
 	if err != nil {
 		return err
 	}
@@ -84,7 +84,7 @@ func migrateCommand(ctx context.Context, cfg config, migrations fs.FS, grantTo s
 }
 
 func pruneCommand(ctx context.Context, cfg config, stdout io.Writer) error {
-	database, err := db.Open(ctx, cfg.DatabaseURL, 2)
+	database, err := db.OpenFrom(ctx, cfg.databaseURL, 2)
 	if err != nil {
 		return err
 	}
@@ -149,9 +149,13 @@ func repartitionCommand(ctx context.Context, cfg config, args []string, stdout i
 }
 
 func dial(cfg config, purpose string) (*amqp.Connection, error) {
-	conn, _, err := consumer.Dial(cfg.amqpURLs(), 0, cfg.instance()+"-"+purpose)
+	urls, err := cfg.brokerURLs()
 	if err != nil {
-		return nil, fmt.Errorf("connect to broker at %s: %s", redact(cfg.AMQPURL), redactErr(err))
+		return nil, err
+	}
+	conn, _, err := consumer.Dial(urls, 0, cfg.instance()+"-"+purpose)
+	if err != nil {
+		return nil, fmt.Errorf("connect to broker at %s: %s", redact(strings.Join(urls, ",")), redactErr(err))
 	}
 	return conn, nil
 }

@@ -21,7 +21,9 @@ import (
 // config is every setting, each an environment variable; --help prints them.
 type config struct {
 	AMQPURL         string        `envconfig:"AMQP_URL" default:"amqp://guest:guest@localhost:5672/" desc:"RabbitMQ URL, vhost included; for a cluster, one URL per node, comma-separated, tried in turn (on loss the service moves to the next)"`
+	AMQPURLFile     string        `envconfig:"AMQP_URL_FILE" desc:"file holding AMQP_URL's value (e.g. a mounted secret), read again at each connect, so a rotated password needs no restart; not with AMQP_URL"`
 	DatabaseURL     string        `envconfig:"DATABASE_URL" default:"postgres://postgres@localhost:5432/transfers?sslmode=disable" desc:"PostgreSQL URL; the database is created if missing (when the user may and MIGRATE=true)"`
+	DatabaseURLFile string        `envconfig:"DATABASE_URL_FILE" desc:"file holding DATABASE_URL's value, read again for each new connection, so a rotated password needs no restart; not with DATABASE_URL"`
 	Migrate         bool          `envconfig:"MIGRATE" default:"true" desc:"apply missing migrations at start, when the role may; false never changes the database: the service only checks that the schema is current, and waits until it is"`
 	QueueCount      int           `envconfig:"QUEUE_COUNT" default:"8" desc:"partition queues PREFIX.0 … PREFIX.(N-1) bound to the hash exchange"`
 	Prefix          string        `envconfig:"TOPOLOGY_PREFIX" default:"transfers" desc:"name of the hash exchange and prefix of the queues, PREFIX.dlx and PREFIX.dlq"`
@@ -57,6 +59,13 @@ func loadConfig() (config, error) {
 		}
 		return c, fmt.Errorf("configuration: %w", err)
 	}
+	// A value and a file for it: neither is obviously the one meant. Empty
+	// counts as unset, as in the official images' entrypoints.
+	for _, name := range []string{"AMQP_URL", "DATABASE_URL"} {
+		if os.Getenv(name) != "" && os.Getenv(name+"_FILE") != "" {
+			return c, fmt.Errorf("configuration: %s and %[1]s_FILE are both set: set one", name)
+		}
+	}
 	return c, c.validate()
 }
 
@@ -91,25 +100,11 @@ func (c config) validate() error {
 	bad := func(name, format string, a ...any) error {
 		return fmt.Errorf("configuration: %s: %s", name, fmt.Sprintf(format, a...))
 	}
-	urls := c.amqpURLs()
-	for i, u := range urls {
-		name := "AMQP_URL"
-		if len(urls) > 1 {
-			name = fmt.Sprintf("AMQP_URL: URL %d", i+1)
-		}
-		if _, err := url.Parse(u); err != nil {
-			return bad(name, "not a URL (%s)", urlProblem(err, c.AMQPURL))
-		}
-		if _, err := amqp.ParseURI(u); err != nil {
-			return bad(name, "not an AMQP URL (%s)", urlProblem(err, c.AMQPURL))
-		}
+	if _, err := c.brokerURLs(); err != nil {
+		return fmt.Errorf("configuration: %w", err)
 	}
-	u, err := url.Parse(c.DatabaseURL)
-	if err != nil {
-		return bad("DATABASE_URL", "not a URL (%s)", urlProblem(err, c.DatabaseURL))
-	}
-	if (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" {
-		return bad("DATABASE_URL", "want postgres://user@host:port/database?sslmode=…, got %q", redact(c.DatabaseURL))
+	if _, err := c.databaseURL(); err != nil {
+		return fmt.Errorf("configuration: %w", err)
 	}
 	switch {
 	case c.QueueCount < 1 || c.QueueCount > 1024:
@@ -165,10 +160,102 @@ func urlProblem(err error, setting string) string {
 	return reason
 }
 
-// amqpURLs returns AMQP_URL's URLs: one, or one per node of a cluster.
-func (c config) amqpURLs() []string {
+// brokerURLs returns the broker's URLs, one or one per node of a cluster:
+// AMQP_URL's, or those in AMQP_URL_FILE, read now. Each must be an AMQP
+// URL. An error names the variable (and the file) and never quotes a
+// password.
+func (c config) brokerURLs() ([]string, error) {
+	setting, name, err := fromFile("AMQP_URL", c.AMQPURL, c.AMQPURLFile)
+	if err != nil {
+		return nil, err
+	}
+	urls := splitURLs(setting)
+	for i, u := range urls {
+		where := name
+		if len(urls) > 1 {
+			where = fmt.Sprintf("%s: URL %d", name, i+1)
+		}
+		if _, err := url.Parse(u); err != nil {
+			return nil, fmt.Errorf("%s: not a URL (%s)", where, urlProblem(err, quotable(setting, c.AMQPURLFile)))
+		}
+		if _, err := amqp.ParseURI(u); err != nil {
+			return nil, fmt.Errorf("%s: not an AMQP URL (%s)", where, urlProblem(err, quotable(setting, c.AMQPURLFile)))
+		}
+	}
+	return urls, nil
+}
+
+// quotable returns what of setting an error may quote, redacted: all of
+// it when it is a variable's value, nothing when it was read from a file.
+// A file may hold anything, a bare password by mistake too, and nothing
+// there is known to be safe to print.
+func quotable(setting, file string) string {
+	if file != "" {
+		return ""
+	}
+	return setting
+}
+
+// databaseURL returns DATABASE_URL, or what DATABASE_URL_FILE holds, read
+// now, once it is checked to be a PostgreSQL URL. An error names the
+// variable (and the file) and never quotes a password. It is the
+// database pool's db.Source: asked again for each new connection.
+func (c config) databaseURL() (string, error) {
+	setting, name, err := fromFile("DATABASE_URL", c.DatabaseURL, c.DatabaseURLFile)
+	if err != nil {
+		return "", err
+	}
+	u, err := url.Parse(setting)
+	if err != nil {
+		return "", fmt.Errorf("%s: not a URL (%s)", name, urlProblem(err, quotable(setting, c.DatabaseURLFile)))
+	}
+	if (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" {
+		got := "the file holds something else"
+		if c.DatabaseURLFile == "" {
+			got = fmt.Sprintf("got %q", redact(setting))
+		}
+		return "", fmt.Errorf("%s: want postgres://user@host:port/database?sslmode=…, %s", name, got)
+	}
+	return setting, nil
+}
+
+// maxSecretFile bounds what is read of a *_FILE: a URL, not a disk image.
+const maxSecretFile = 64 << 10
+
+// fromFile returns a setting's value, and how to name it in an error: the
+// variable's own value when file is "", else the file's content, read now,
+// without the blanks and newline around it (a secret written by echo, or
+// by an editor, ends with one). A file that cannot be read, is empty, or is
+// larger than a URL has any reason to be is an error that names it.
+func fromFile(variable, value, file string) (string, string, error) {
+	if file == "" {
+		return value, variable, nil
+	}
+	name := fmt.Sprintf("%s_FILE (%s)", variable, file)
+	f, err := os.Open(file)
+	if err != nil {
+		return "", name, fmt.Errorf("%s_FILE: %w", variable, err) // *PathError names the file
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxSecretFile+1))
+	switch {
+	case err != nil:
+		return "", name, fmt.Errorf("%s_FILE: %w", variable, err)
+	case len(b) > maxSecretFile:
+		return "", name, fmt.Errorf("%s: larger than %d KiB: not a URL", name, maxSecretFile>>10)
+	}
+	v := strings.TrimSpace(string(b))
+	if v == "" {
+		return "", name, fmt.Errorf("%s: empty", name)
+	}
+	return v, name, nil
+}
+
+// splitURLs splits a list of URLs at commas, and at line ends (a file may
+// hold one URL per line).
+func splitURLs(setting string) []string {
 	var urls []string
-	for _, u := range strings.Split(c.AMQPURL, ",") {
+	for _, u := range strings.FieldsFunc(setting, func(r rune) bool { return r == ',' || r == '\n' || r == '\r' }) {
 		if u = strings.TrimSpace(u); u != "" {
 			urls = append(urls, u)
 		}
@@ -218,8 +305,14 @@ func (c config) topology() consumer.Topology {
 }
 
 func (c config) consumerConfig(log *slog.Logger) consumer.Config {
+	urls, _ := c.brokerURLs() // validated at load; a file is read again at each dial
+	var urlsFunc func() ([]string, error)
+	if c.AMQPURLFile != "" {
+		urlsFunc = c.brokerURLs
+	}
 	return consumer.Config{
-		URLs:            c.amqpURLs(),
+		URLs:            urls,
+		URLsFunc:        urlsFunc,
 		Topology:        c.topology(),
 		Declare:         c.DeclareTopology,
 		Instance:        c.instance(),

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -259,6 +261,142 @@ func TestUnknownCommandFails(t *testing.T) {
 	var out bytes.Buffer
 	if err := run(t.Context(), []string{"frobnicate"}, &out, &out); err == nil || !strings.Contains(err.Error(), "frobnicate") {
 		t.Errorf("got %v", err)
+	}
+}
+
+// writeSecret writes content to a file of the test's own, as a mounted
+// secret is: readable by its owner alone.
+func writeSecret(t *testing.T, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// AMQP_URL_FILE and DATABASE_URL_FILE hold what AMQP_URL and DATABASE_URL
+// would, and are read again at each use: a rewritten file is what the next
+// connection uses.
+func TestConfigReadsURLsFromFilesAtEachUse(t *testing.T) {
+	amqpFile := writeSecret(t, "amqp://svc:one@n1:5672/vh\namqp://svc:one@n2:5672/vh\n")
+	dbFile := writeSecret(t, "postgres://svc:one@db:5432/transfers?sslmode=verify-full\n")
+	t.Setenv("AMQP_URL_FILE", amqpFile)
+	t.Setenv("DATABASE_URL_FILE", dbFile)
+	c, err := loadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := c.consumerConfig(nil)
+	if cc.URLsFunc == nil {
+		t.Fatal("the consumer is given no URLsFunc: the file would be read once")
+	}
+	urls, err := cc.URLsFunc()
+	if err != nil || len(urls) != 2 || urls[1] != "amqp://svc:one@n2:5672/vh" {
+		t.Fatalf("URLsFunc = %q, %v, want the file's two nodes", urls, err)
+	}
+	if u, err := c.databaseURL(); err != nil || u != "postgres://svc:one@db:5432/transfers?sslmode=verify-full" {
+		t.Fatalf("databaseURL = %q, %v, want the file's URL without its newline", u, err)
+	}
+
+	// Rotated: the files are rewritten in place.
+	if err := os.WriteFile(amqpFile, []byte("amqp://svc:two@n1:5672/vh"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dbFile, []byte("postgres://svc:two@db:5432/transfers"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if urls, err := cc.URLsFunc(); err != nil || len(urls) != 1 || urls[0] != "amqp://svc:two@n1:5672/vh" {
+		t.Errorf("after the rotation URLsFunc = %q, %v, want the new URL", urls, err)
+	}
+	if u, err := c.databaseURL(); err != nil || u != "postgres://svc:two@db:5432/transfers" {
+		t.Errorf("after the rotation databaseURL = %q, %v, want the new URL", u, err)
+	}
+
+	// Without the files, the consumer has its URLs once and for all.
+	t.Setenv("AMQP_URL_FILE", "")
+	t.Setenv("DATABASE_URL_FILE", "")
+	c, err = loadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cc := c.consumerConfig(nil); cc.URLsFunc != nil || len(cc.URLs) != 1 {
+		t.Errorf("without AMQP_URL_FILE: URLs %q, URLsFunc set %v", cc.URLs, cc.URLsFunc != nil)
+	}
+}
+
+// A value and a file for the same setting are refused; an empty value
+// counts as unset.
+func TestConfigRefusesAValueAndItsFile(t *testing.T) {
+	amqpFile := writeSecret(t, "amqp://svc:s3cret@n1/")
+	dbFile := writeSecret(t, "postgres://svc:s3cret@db/transfers")
+	tests := []struct {
+		env  map[string]string
+		want string // "" when accepted
+	}{
+		{map[string]string{"AMQP_URL": "amqp://g:g@h/", "AMQP_URL_FILE": amqpFile}, "configuration: AMQP_URL and AMQP_URL_FILE are both set: set one"},
+		{map[string]string{"DATABASE_URL": "postgres://u@h/db", "DATABASE_URL_FILE": dbFile}, "configuration: DATABASE_URL and DATABASE_URL_FILE are both set: set one"},
+		{map[string]string{"AMQP_URL": "", "AMQP_URL_FILE": amqpFile, "DATABASE_URL": "", "DATABASE_URL_FILE": dbFile}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.want, func(t *testing.T) {
+			for k, v := range tt.env {
+				t.Setenv(k, v)
+			}
+			_, err := loadConfig()
+			switch {
+			case tt.want == "" && err != nil:
+				t.Errorf("refused: %v", err)
+			case tt.want != "" && (err == nil || err.Error() != tt.want):
+				t.Errorf("got  %v\nwant %s", err, tt.want)
+			}
+		})
+	}
+}
+
+// A file that cannot be used stops the service at start with an error
+// that names the variable and the file, and quotes nothing of what the
+// file holds: it may be a bare password, put there by mistake.
+func TestConfigFileErrorsNameTheFileNeverItsContent(t *testing.T) {
+	dir := t.TempDir()
+	unreadable := filepath.Join(dir, "unreadable")
+	if err := os.Mkdir(unreadable, 0o700); err != nil { // a directory: reading it fails, even as root
+		t.Fatal(err)
+	}
+	tests := []struct {
+		variable, content string // content "" with path set: the file is not written
+		path              string
+		want              string // after "configuration: VARIABLE_FILE"
+	}{
+		{"DATABASE_URL", "", filepath.Join(dir, "missing"), ": open " + filepath.Join(dir, "missing") + ": no such file or directory"},
+		{"DATABASE_URL", "", unreadable, ": read " + unreadable + ": is a directory"},
+		{"DATABASE_URL", " \n", "", " (PATH): empty"},
+		{"DATABASE_URL", "s3cret\n", "", " (PATH): want postgres://user@host:port/database?sslmode=…, the file holds something else"},
+		{"DATABASE_URL", "mysql://u:s3cret@h/db", "", " (PATH): want postgres://user@host:port/database?sslmode=…, the file holds something else"},
+		{"DATABASE_URL", "postgres://u:s3/cret@h/db", "", " (PATH): not a URL (invalid port after host; a / ? # @ % , or blank in a password must be percent-encoded)"},
+		{"DATABASE_URL", "postgres://u:s3cret@h:x/db", "", " (PATH): not a URL (invalid port after host; a / ? # @ % , or blank in a password must be percent-encoded)"},
+		{"DATABASE_URL", strings.Repeat("s3cret", 20000), "", " (PATH): larger than 64 KiB: not a URL"},
+		{"AMQP_URL", "s3cret", "", " (PATH): not an AMQP URL (AMQP scheme must be either 'amqp://' or 'amqps://')"},
+		{"AMQP_URL", "amqp://u:s3cret@n1/\namqp://u:s3cret@n2:x/", "", " (PATH): URL 2: not a URL (invalid port after host; a / ? # @ % , or blank in a password must be percent-encoded)"},
+		{"AMQP_URL", "amqp://u:99999999999,s3cret@n1/", "", " (PATH): URL 1: not an AMQP URL (strconv.ParseInt: parsing: value out of range; a / ? # @ % , or blank in a password must be percent-encoded)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.variable+" "+tt.want, func(t *testing.T) {
+			path := tt.path
+			if path == "" {
+				path = writeSecret(t, tt.content)
+			}
+			t.Setenv(tt.variable, "")
+			t.Setenv(tt.variable+"_FILE", path)
+			_, err := loadConfig()
+			want := "configuration: " + tt.variable + "_FILE" + strings.ReplaceAll(tt.want, "PATH", path)
+			if err == nil || err.Error() != want {
+				t.Errorf("got  %v\nwant %s", err, want)
+			}
+			if err != nil && (strings.Contains(err.Error(), "s3") || strings.Contains(err.Error(), "999")) {
+				t.Errorf("error quotes the file's content: %v", err)
+			}
+		})
 	}
 }
 

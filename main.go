@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -131,8 +132,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // health and metrics server, answering from the first instant, and the
 // inbox retention job beside the consumer.
 func serve(ctx context.Context, cfg config, log *slog.Logger, migrations fs.FS) error {
-	log.Info("starting", "instance", cfg.instance(), "amqp_url", redact(cfg.AMQPURL),
-		"database_url", redact(cfg.DatabaseURL), "queues", cfg.QueueCount, "prefix", cfg.Prefix, "migrate", cfg.Migrate)
+	amqpURLs, _ := cfg.brokerURLs() // checked by loadConfig: here for the log line alone
+	dbURL, _ := cfg.databaseURL()
+	attrs := []any{"instance", cfg.instance(), "amqp_url", redact(strings.Join(amqpURLs, ",")),
+		"database_url", redact(dbURL), "queues", cfg.QueueCount, "prefix", cfg.Prefix, "migrate", cfg.Migrate}
+	if cfg.AMQPURLFile != "" {
+		attrs = append(attrs, "amqp_url_file", cfg.AMQPURLFile)
+	}
+	if cfg.DatabaseURLFile != "" {
+		attrs = append(attrs, "database_url_file", cfg.DatabaseURLFile)
+	}
+	log.Info("starting", attrs...)
 	h := &health{}
 	m := newMetrics(h)
 	var wg sync.WaitGroup
@@ -159,7 +169,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, migrations fs.FS) 
 
 	// With MIGRATE=false the service creates no database either: it
 	// changes nothing of the database's structure.
-	database, err := db.OpenWhenReady(ctx, cfg.DatabaseURL, cfg.Migrate, cfg.dbMaxConns(), cfg.backoff(), log,
+	database, err := db.OpenWhenReady(ctx, cfg.databaseURL, cfg.Migrate, cfg.dbMaxConns(), cfg.backoff(), log,
 		func(err error) { h.setStarting("%v", err) })
 	if err != nil {
 		return nil // ctx ended: stopped while waiting

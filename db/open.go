@@ -14,23 +14,23 @@ import (
 	"transferconsumer/consumer"
 )
 
-// OpenWhenReady opens the database at url, creating it first if it does
-// not exist and create is true (when the user may), and waits with
+// OpenWhenReady opens the database src names, creating it first if it
+// does not exist and create is true (when the user may), and waits with
 // backoff for as long as that fails: a database that is down, a login
 // refused, a database nobody may create yet, all may heal, and the
 // service's health endpoint says why it waits meanwhile. waiting, when
 // set, is told each failure. It returns only an open database, or ctx's
 // error when ctx ends first.
-func OpenWhenReady(ctx context.Context, url string, create bool, maxConns int, b consumer.Backoff, log *slog.Logger, waiting func(error)) (*sqlx.DB, error) {
+func OpenWhenReady(ctx context.Context, src Source, create bool, maxConns int, b consumer.Backoff, log *slog.Logger, waiting func(error)) (*sqlx.DB, error) {
 	var th consumer.Throttle
 	for attempt := 0; ; attempt++ {
-		db, err := Open(ctx, url, maxConns)
+		db, err := OpenFrom(ctx, src, maxConns)
 		if isMissingDatabase(err) && create {
-			if name, cerr := createDatabase(ctx, url); cerr != nil {
+			if name, cerr := createDatabase(ctx, src); cerr != nil {
 				err = fmt.Errorf("%w; creating it failed too: %v", err, cerr)
 			} else {
 				log.Info("created database", "database", name)
-				db, err = Open(ctx, url, maxConns)
+				db, err = OpenFrom(ctx, src, maxConns)
 			}
 		}
 		if err == nil {
@@ -90,13 +90,17 @@ func databaseName(raw string) string {
 	return u.Path[1:]
 }
 
-// createDatabase connects to the maintenance database "postgres" on the same
-// server with the same credentials and creates the database url names; it
-// returns that name.
-func createDatabase(ctx context.Context, raw string) (string, error) {
-	u, err := url.Parse(raw)
+// createDatabase connects to the maintenance database "postgres" on the
+// server src names, with the same credentials, and creates the database src
+// names; it returns that name.
+func createDatabase(ctx context.Context, src Source) (string, error) {
+	raw, err := src()
 	if err != nil {
 		return "", err
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", errors.New("the database URL does not parse")
 	}
 	name := databaseName(raw)
 	if name == "" {

@@ -330,6 +330,62 @@ func TestSchemaUnreadableNamesTheGrant(t *testing.T) {
 	}
 }
 
+// The pool asks its Source for the URL at each new connection, so that a
+// rewritten secret file is used from the next one on; the Source's error
+// is the pool's.
+func TestOpenFromAsksTheSourceForEachConnection(t *testing.T) {
+	testAdmin(t)
+	var calls atomic.Int32
+	src := func() (string, error) {
+		n := calls.Add(1)
+		u, _ := url.Parse(testAdminURL())
+		q := u.Query()
+		q.Set("application_name", "tc_source_"+string(rune('a'+n%26)))
+		u.RawQuery = q.Encode()
+		return u.String(), nil
+	}
+	database, err := OpenFrom(context.Background(), src, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer database.Close()
+	database.SetMaxIdleConns(0) // each connection is closed once used
+	names := map[string]bool{}
+	for range 3 {
+		var name string
+		if err := database.Get(&name, `SELECT current_setting('application_name')`); err != nil {
+			t.Fatal(err)
+		}
+		names[name] = true
+	}
+	if len(names) != 3 {
+		t.Errorf("three connections ran as %v: the source was not asked for each", names)
+	}
+
+	_, err = OpenFrom(context.Background(), func() (string, error) {
+		return "", errors.New("DATABASE_URL_FILE (/run/secrets/db): empty")
+	}, 1)
+	if err == nil || !strings.Contains(err.Error(), "DATABASE_URL_FILE (/run/secrets/db): empty") {
+		t.Errorf("OpenFrom = %v, want the source's error", err)
+	}
+}
+
+// lib/pq's reason for refusing a URL is kept unless it quotes a password.
+func TestReasonWithoutSecret(t *testing.T) {
+	tests := []struct{ err, dsn, want string }{
+		{`pq: unsupported sslmode "bogus"`, "postgres://u:s3cret@h/db?sslmode=bogus", `: pq: unsupported sslmode "bogus"`},
+		{`parse "postgres://u:s3cret@h/db": bad`, "postgres://u:s3cret@h/db", ""},
+		{`bad value s3 cret`, "postgres://u:s3%20cret@h/db", ""},
+		{`bad value s3cret`, "postgres://u@h/db?password=s3cret", ""},
+		{`missing "=" after "s3cret"`, "host=h password=s3cret", ""},
+	}
+	for _, tt := range tests {
+		if got := reasonWithoutSecret(errors.New(tt.err), tt.dsn); got != tt.want {
+			t.Errorf("reasonWithoutSecret(%q) = %q, want %q", tt.err, got, tt.want)
+		}
+	}
+}
+
 // captureLog returns a logger and what it wrote.
 func captureLog() (*slog.Logger, *lockedBuffer) {
 	b := &lockedBuffer{}

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"fmt"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -15,8 +16,9 @@ import (
 	"github.com/lib/pq"
 )
 
-// A locked-down estate: the schema's owner migrates, and the service runs
-// as a role with no privilege beyond data.
+// A locked-down estate: the schema's owner migrates, the service runs as a
+// role with no privilege beyond data, and its credentials come from files
+// that are rewritten when the passwords rotate.
 
 // The owner migrates an empty database with `migrate --grant-to`; the
 // service then runs as that data-only role, with the default settings,
@@ -213,6 +215,118 @@ func TestMigrateFalseNeverChangesTheDatabase(t *testing.T) {
 	waitFor(t, 30*time.Second, "the event applied once the owner migrated", func() bool { return e.inboxRows(tr.EventID) == 1 })
 }
 
+// DATABASE_URL_FILE is read again for each new connection: the role's
+// password is changed and its sessions ended, the service is refused, and
+// once the file is rewritten it goes on, without a restart. On a server of
+// the test's own, where passwords are checked (the shared one trusts).
+func TestDatabasePasswordRotatedInTheFile(t *testing.T) {
+	if unavailable != "" {
+		t.Skip(unavailable)
+	}
+	pg := newPGCluster(t)
+	pg.checkPasswords()
+	e := newEnvOn(t, pg.adminURL())
+	one, two := "pw-one-"+randomSuffix(), "pw-two-"+randomSuffix()
+	role, roleURL := e.serviceRole(one)
+	if out, err := runCommand(t, []string{"DATABASE_URL=" + e.dbURL}, "migrate", "--grant-to", role); err != nil {
+		t.Fatalf("migrate --grant-to: %v\n%s", err, out)
+	}
+	pg.waitRefused(e, role, "wrong")
+
+	file := writeSecretFile(t, roleURL)
+	proc := startProcess(t, e.serviceEnv(2, "DATABASE_URL=", "DATABASE_URL_FILE="+file, "INSTANCE_NAME="+e.name+"-svc",
+		"APPLY_TIMEOUT=2s", "RETRY_MIN=20ms", "RETRY_MAX=300ms"))
+	proc.waitConsuming(1)
+	base := proc.httpAddr()
+	before := e.publishMany(4, 4)
+	waitFor(t, 30*time.Second, "the events before the rotation applied", func() bool { return e.inboxCount() == len(before) })
+
+	e.db.MustExec("ALTER ROLE " + pq.QuoteIdentifier(role) + " PASSWORD " + pq.QuoteLiteral(two))
+	terminateRole(e, role)
+	during := e.publishMany(6, 4)
+	var ready map[string]any
+	waitFor(t, 30*time.Second, "/readyz saying the old password is refused", func() bool {
+		return getJSON(t, base+"/readyz", &ready) == 503 && strings.Contains(fmt.Sprint(ready["database"]), "28P01")
+	})
+	// A file that cannot be read is named, as the reason.
+	if err := os.Remove(file); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "/readyz naming the file", func() bool {
+		getJSON(t, base+"/readyz", &ready)
+		return strings.Contains(fmt.Sprint(ready["database"]), "DATABASE_URL_FILE: open "+file)
+	})
+	u, _ := url.Parse(roleURL)
+	u.User = url.UserPassword(role, two)
+	rewriteSecretFile(t, file, u.String())
+
+	waitFor(t, 60*time.Second, "every event applied after the rotation", func() bool { return e.inboxCount() == len(before)+len(during) })
+	waitFor(t, 20*time.Second, "ready again", func() bool { return getJSON(t, base+"/readyz", &ready) == 200 })
+	if err := proc.stop(syscall.SIGTERM, 20*time.Second); err != nil {
+		t.Errorf("exit after SIGTERM: %v", err)
+	}
+	e.checkExactlyOnce(append(before, during...))
+	proc.checkNoSecret(one, two)
+}
+
+// AMQP_URL_FILE is read again at each connect: the broker user's password
+// is changed and the service's connection closed, the service is refused,
+// and once the file is rewritten it consumes again, without a restart. The
+// dead-letter connection, dialled at the first dead letter, reads the
+// file too.
+func TestBrokerPasswordRotatedInTheFile(t *testing.T) {
+	e := newEnv(t)
+	user := e.name + "_svc"
+	one, two, three := "pw-one-"+randomSuffix(), "pw-two-"+randomSuffix(), "pw-three-"+randomSuffix()
+	setPassword := func(pw string) {
+		mgmt(t, http.MethodPut, "/api/users/"+url.PathEscape(user), map[string]string{"password": pw, "tags": ""}, nil)
+	}
+	setPassword(one)
+	t.Cleanup(func() { shared.mgmtQuiet(http.MethodDelete, "/api/users/"+url.PathEscape(user)) })
+	mgmt(t, http.MethodPut, "/api/permissions/"+url.PathEscape(e.vhost)+"/"+url.PathEscape(user),
+		map[string]string{"configure": ".*", "write": ".*", "read": ".*"}, nil)
+	brokerURL := func(pw string) string {
+		u, _ := url.Parse(e.amqpURL)
+		u.User = url.UserPassword(user, pw)
+		return u.String()
+	}
+
+	file := writeSecretFile(t, brokerURL(one))
+	instance := e.name + "-svc"
+	proc := startProcess(t, e.serviceEnv(2, "AMQP_URL=", "AMQP_URL_FILE="+file, "INSTANCE_NAME="+instance))
+	proc.waitConsuming(1)
+	base := proc.httpAddr()
+	before := e.publishMany(4, 4)
+	waitFor(t, 30*time.Second, "the events before the rotation applied", func() bool { return e.inboxCount() == len(before) })
+
+	setPassword(two)
+	e.closeConnections(instance)
+	var ready map[string]any
+	waitFor(t, 30*time.Second, "/readyz saying the broker refused the old password", func() bool {
+		return getJSON(t, base+"/readyz", &ready) == 503 && strings.Contains(fmt.Sprint(ready["broker"]), "403")
+	})
+	during := e.publishMany(6, 4)
+	rewriteSecretFile(t, file, brokerURL(two))
+	waitFor(t, 60*time.Second, "every event applied after the rotation", func() bool { return e.inboxCount() == len(before)+len(during) })
+	waitFor(t, 20*time.Second, "ready again", func() bool { return getJSON(t, base+"/readyz", &ready) == 200 })
+
+	// Rotated again while the session lasts: the dead-letter connection,
+	// dialled only now, must use the new password to publish the copy.
+	setPassword(three)
+	rewriteSecretFile(t, file, brokerURL(three))
+	e.publishRaw(prefix, "acc_00_"+e.name, []byte(`{"eventId": "not json`), "")
+	waitFor(t, 30*time.Second, "the poison message dead-lettered", func() bool { return proc.count("outcome", "dead_lettered") == 1 })
+	letters := e.peekDLQ()
+	if len(letters) != 1 || letters[0].header("x-failure-class") != "poison" {
+		t.Errorf("DLQ holds %v, want the service's copy of the poison message (class poison)", letters)
+	}
+	if err := proc.stop(syscall.SIGTERM, 20*time.Second); err != nil {
+		t.Errorf("exit after SIGTERM: %v", err)
+	}
+	e.checkBalances(append(before, during...))
+	proc.checkNoSecret(one, two, three)
+}
+
 // useEmptyDatabase points e at an empty database of the test's own in
 // place of the one newEnv migrated, so that the owner's migrate makes its
 // schema. It returns its URL as the superuser, who owns it.
@@ -279,6 +393,58 @@ func terminateRole(e *env, role string) {
 	e.db.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1`, role)
 }
 
+// checkPasswords makes the server ask every role but the superuser for
+// its password (SCRAM), as an estate's does, and reloads it.
+func (c *pgCluster) checkPasswords() {
+	c.t.Helper()
+	hba := "local all all trust\nhost all postgres 127.0.0.1/32 trust\nhost all all 127.0.0.1/32 scram-sha-256\n"
+	if err := os.WriteFile(filepath.Join(c.dir, "pg_hba.conf"), []byte(hba), 0o600); err != nil {
+		c.t.Fatal(err)
+	}
+	c.run("pg_ctl", "-D", c.dir, "reload")
+}
+
+// waitRefused waits until the server refuses role a wrong password: the
+// reload that asks for passwords has taken effect.
+func (c *pgCluster) waitRefused(e *env, role, wrong string) {
+	c.t.Helper()
+	u, _ := url.Parse(e.dbURL)
+	u.User = url.UserPassword(role, wrong)
+	waitFor(c.t, 30*time.Second, "the server to check passwords", func() bool {
+		d, err := sqlx.Open("postgres", u.String())
+		if err != nil {
+			return false
+		}
+		defer d.Close()
+		err = d.Ping()
+		return err != nil && strings.Contains(err.Error(), "28P01")
+	})
+}
+
+// writeSecretFile writes content to a file readable by its owner alone,
+// as a mounted secret is, and returns its path.
+func writeSecretFile(t *testing.T, content string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "url")
+	if err := os.WriteFile(path, []byte(content+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// rewriteSecretFile replaces path's content at once, as Kubernetes updates
+// a mounted secret: written aside, then renamed over it.
+func rewriteSecretFile(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".new"
+	if err := os.WriteFile(tmp, []byte(content+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // runCommand runs the service binary with args and the environment plus
 // env, and returns its output.
 func runCommand(t *testing.T, env []string, args ...string) (string, error) {
@@ -287,4 +453,18 @@ func runCommand(t *testing.T, env []string, args ...string) (string, error) {
 	c.Env = append(os.Environ(), env...)
 	out, err := c.CombinedOutput()
 	return string(out), err
+}
+
+// checkNoSecret fails the test if any log line holds one of secrets.
+func (p *process) checkNoSecret(secrets ...string) {
+	p.t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, line := range p.lines {
+		for _, s := range secrets {
+			if strings.Contains(fmt.Sprint(line), s) {
+				p.t.Errorf("a log line holds a password: %v", line)
+			}
+		}
+	}
 }
