@@ -41,6 +41,7 @@ type config struct {
 	DBMaxConns      int           `envconfig:"DB_MAX_CONNS" default:"0" desc:"database connection pool size (0: QUEUE_COUNT+4)"`
 	BatchMax        int           `envconfig:"BATCH_MAX" default:"1" desc:"most events a queue's worker applies in one transaction (and the queue's prefetch); 1 is one event per transaction; raise it (e.g. 50) to drain backlogs faster (adr/0006)"`
 	BatchLinger     time.Duration `envconfig:"BATCH_LINGER" default:"0s" desc:"how long a worker may wait for more events to fill a batch; 0 takes what has arrived, so a light load keeps its latency"`
+	MaxBodyBytes    int           `envconfig:"MAX_BODY_BYTES" default:"65536" desc:"largest message body decoded; a larger one is dead-lettered as poison, undecoded"`
 	HTTPAddr        string        `envconfig:"HTTP_ADDR" default:":8080" desc:"address of /healthz, /readyz and /metrics; empty to serve none"`
 	Pprof           bool          `envconfig:"PPROF" default:"false" desc:"serve Go's /debug/pprof on PPROF_ADDR, for profiling"`
 	PprofAddr       string        `envconfig:"PPROF_ADDR" default:"127.0.0.1:6060" desc:"address of /debug/pprof when PPROF=true; loopback by default: profiles are not for whoever reaches HTTP_ADDR"`
@@ -133,6 +134,8 @@ func (c config) validate() error {
 		return bad("DB_MAX_CONNS", "must not be negative, got %d", c.DBMaxConns)
 	case c.BatchMax < 1 || c.BatchMax > maxBatch:
 		return bad("BATCH_MAX", "must be between 1 and %d, got %d", maxBatch, c.BatchMax)
+	case c.MaxBodyBytes < 1024 || c.MaxBodyBytes > 128<<20:
+		return bad("MAX_BODY_BYTES", "must be between 1024 and %d, got %d", 128<<20, c.MaxBodyBytes)
 	case c.BatchLinger < 0 || c.BatchLinger > time.Second:
 		return bad("BATCH_LINGER", "must be between 0 and 1s, got %s", c.BatchLinger)
 	}
@@ -322,6 +325,7 @@ func (c config) consumerConfig(log *slog.Logger) consumer.Config {
 		ApplyTimeout:    c.ApplyTimeout,
 		BatchMax:        c.BatchMax,
 		BatchLinger:     c.BatchLinger,
+		MaxBodyBytes:    c.MaxBodyBytes,
 		Retry:           consumer.Backoff{Min: c.RetryMin, Max: c.RetryMax},
 		Reconnect:       c.backoff(),
 		Logger:          log,

@@ -24,6 +24,7 @@ func TestConfigRejectsBadValuesNamingTheVariable(t *testing.T) {
 		{map[string]string{"DATABASE_URL": "host=h password=s3cret dbname=x"}, "DATABASE_URL"},
 		{map[string]string{"DATABASE_URL": "mysql://u@h/db?password=s3cret"}, "DATABASE_URL"},
 		{map[string]string{"DELIVERY_LIMIT": "0"}, "DELIVERY_LIMIT"},
+		{map[string]string{"MAX_BODY_BYTES": "10"}, "MAX_BODY_BYTES"},
 		{map[string]string{"SHUTDOWN_TIMEOUT": "soon"}, "SHUTDOWN_TIMEOUT"},
 		{map[string]string{"RETRY_MIN": "5s", "RETRY_MAX": "1s"}, "RETRY_MIN/RETRY_MAX"},
 		{map[string]string{"TOPOLOGY_PREFIX": ""}, "TOPOLOGY_PREFIX"},

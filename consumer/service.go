@@ -102,8 +102,11 @@ type Config struct {
 	// applies in one transaction (adr/0006): it takes what has arrived, up
 	// to BatchMax, waiting at most BatchLinger for more. 1 is one event per
 	// transaction, acked alone.
-	BatchMax        int
-	BatchLinger     time.Duration
+	BatchMax    int
+	BatchLinger time.Duration
+	// MaxBodyBytes bounds the body a worker decodes: a larger one is poison,
+	// dead-lettered undecoded. 0: no bound.
+	MaxBodyBytes    int
 	ShutdownTimeout time.Duration // how long the message in hand may take once shutdown starts
 	ApplyTimeout    time.Duration // one attempt to apply an event
 	Retry           Backoff       // between attempts of a transient failure

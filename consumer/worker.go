@@ -163,7 +163,11 @@ func (w *worker) take(d amqp.Delivery) {
 	if t := w.svc.cfg.Tracer; t != nil {
 		_, s.span = w.startDelivery(t, d)
 	}
-	s.Event, s.Err = w.decode(d)
+	if max := w.svc.cfg.MaxBodyBytes; max > 0 && len(d.Body) > max {
+		s.Err = Poison(fmt.Errorf("body of %d bytes is over MAX_BODY_BYTES (%d): not decoded", len(d.Body), max))
+	} else {
+		s.Event, s.Err = w.decode(d)
+	}
 	s.Class = ClassOf(context.Background(), s.Err)
 	w.core.deliver(s)
 }

@@ -1,0 +1,47 @@
+package integration
+
+import (
+	"bytes"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"transferconsumer/consumer"
+)
+
+// A body over MAX_BODY_BYTES is poison: dead-lettered on its first
+// delivery, undecoded, with its size in the reason, even when it would
+// decode into a valid event (here a valid transfer padded with spaces);
+// the event behind it on the same key is applied.
+func TestBodyOverTheBoundIsDeadLetteredUndecoded(t *testing.T) {
+	e := newEnv(t)
+	svc := e.startWith(2, nil, func(c *consumer.Config) { c.MaxBodyBytes = 4096 })
+	from := "acc_big_" + e.name
+	big, after := newTransfer(from, "acc_to_"+e.name, 10), newTransfer(from, "acc_to_"+e.name, 5)
+	body := append(big.body(), bytes.Repeat([]byte(" "), 8192)...)
+	e.publishRaw(prefix, from, body, big.EventID)
+	e.publish(after)
+	waitFor(t, 30*time.Second, "both decided", func() bool {
+		return len(svc.rec.of(big.EventID)) == 1 && len(svc.rec.of(after.EventID)) == 1
+	})
+	if d := svc.rec.of(big.EventID)[0]; d.Action != consumer.ActionDeadLetter || d.Class != consumer.ClassPoison || d.DeliveryCount != 0 {
+		t.Errorf("want the large body dead-lettered as poison on its first delivery, got %+v", d)
+	}
+	msgs := e.peekDLQ()
+	if len(msgs) != 1 {
+		t.Fatalf("DLQ holds %d, want the large message", len(msgs))
+	}
+	reason := fmt.Sprint(msgs[0].header("x-failure-reason"))
+	if msgs[0].header("x-failure-class") != "poison" || !strings.Contains(reason, "MAX_BODY_BYTES") ||
+		!strings.Contains(reason, fmt.Sprint(len(body))) {
+		t.Errorf("dead letter: class %v, reason %q; want poison naming MAX_BODY_BYTES and the size %d",
+			msgs[0].header("x-failure-class"), reason, len(body))
+	}
+	if n := e.inboxRows(big.EventID); n != 0 {
+		t.Errorf("the large event left %d inbox rows, want 0", n)
+	}
+	if got := e.balance(from); got != -5 {
+		t.Errorf("source balance = %d, want -5 (only the event behind applied)", got)
+	}
+}
