@@ -153,7 +153,10 @@ func translateDeclareError(object string, err error) error {
 		}
 		return &TopologyError{Object: object, Err: err, Fix: "make the existing object match or delete it"}
 	case ae.Code == amqp.AccessRefused:
-		return &TopologyError{Object: object, Err: err, Fix: "grant the user configure, write and read permissions on the vhost"}
+		return &TopologyError{Object: object, Err: err, Fix: "this user may not declare it: either have an administrator " +
+			"declare the topology (`transferconsumer topology`, as a user with configure permission) and run the service " +
+			"with DECLARE_TOPOLOGY=false, which needs only write on the dead-letter exchange and read on the partition " +
+			"queues, or grant the user configure, write and read permissions on the vhost"}
 	}
 	return fmt.Errorf("declare %s: %w", object, err)
 }

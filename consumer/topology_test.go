@@ -26,7 +26,7 @@ func TestTranslateDeclareError(t *testing.T) {
 			Reason: "PRECONDITION_FAILED - inequivalent arg 'x-delivery-limit' for queue 'transfers.3' in vhost '/': received the value '5' of type 'signedint' but current is none"},
 			true, []string{"queue transfers.3", "x-delivery-limit", "DECLARE_TOPOLOGY"}},
 		{"no permission", &amqp.Error{Code: amqp.AccessRefused, Reason: "ACCESS_REFUSED"},
-			true, []string{"permissions"}},
+			true, []string{"permissions", "DECLARE_TOPOLOGY=false", "transferconsumer topology"}},
 		{"connection lost", amqp.ErrClosed, false, []string{"declare exchange transfers"}},
 	}
 	for _, tt := range tests {
