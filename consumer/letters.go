@@ -69,31 +69,64 @@ func (p *letters) setAlarm(on bool) {
 
 // channel returns a new channel in confirm mode with its returns
 // registered, on the connection, which it dials when there is none yet or
-// the last one closed.
-func (p *letters) channel() (*amqp.Channel, <-chan amqp.Return, error) {
+// the last one closed. A blocked connection (a resource alarm) answers no
+// channel.open until the alarm passes: the wait ends with ctx, and a
+// channel that opens later is closed.
+func (p *letters) channel(ctx context.Context) (*amqp.Channel, <-chan amqp.Return, error) {
+	conn, err := p.connection()
+	if err != nil {
+		return nil, nil, err
+	}
+	type opened struct {
+		ch      *amqp.Channel
+		returns <-chan amqp.Return
+		err     error
+	}
+	done := make(chan opened, 1)
+	go func() {
+		ch, err := conn.Channel()
+		if err != nil {
+			done <- opened{err: fmt.Errorf("open dead-letter channel: %w", err)}
+			return
+		}
+		if err := ch.Confirm(false); err != nil {
+			done <- opened{err: fmt.Errorf("confirm mode: %w", err)}
+			return
+		}
+		done <- opened{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 1))}
+	}()
+	select {
+	case o := <-done:
+		return o.ch, o.returns, o.err
+	case <-ctx.Done():
+		go func() { // closed by the session's end at the latest
+			if o := <-done; o.ch != nil {
+				_ = o.ch.Close()
+			}
+		}()
+		return nil, nil, fmt.Errorf("open dead-letter channel: %w", context.Cause(ctx))
+	}
+}
+
+// connection returns the connection, dialled when there is none yet or the
+// last one closed.
+func (p *letters) connection() (*amqp.Connection, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.conn == nil || p.conn.IsClosed() {
 		urls, err := p.urls()
 		if err != nil {
-			return nil, nil, fmt.Errorf("connect for dead letters: %w", err)
+			return nil, fmt.Errorf("connect for dead letters: %w", err)
 		}
 		conn, _, err := Dial(urls, p.first, p.name)
 		if err != nil {
-			return nil, nil, fmt.Errorf("connect for dead letters: %w", err)
+			return nil, fmt.Errorf("connect for dead letters: %w", err)
 		}
 		blocked := conn.NotifyBlocked(make(chan amqp.Blocking, 1))
 		go p.watch(blocked) // read until the connection closes, or it would stall
 		p.conn = conn
 	}
-	ch, err := p.conn.Channel()
-	if err != nil {
-		return nil, nil, fmt.Errorf("open dead-letter channel: %w", err)
-	}
-	if err := ch.Confirm(false); err != nil {
-		return nil, nil, fmt.Errorf("confirm mode: %w", err)
-	}
-	return ch, ch.NotifyReturn(make(chan amqp.Return, 1)), nil
+	return p.conn, nil
 }
 
 // letterChannel is one goroutine's channel on the dead-letter connection,
@@ -114,7 +147,7 @@ func (c *letterChannel) abandon() { c.ch, c.returns = nil, nil }
 func (c *letterChannel) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
 	if c.ch == nil || c.ch.IsClosed() {
 		var err error
-		if c.ch, c.returns, err = c.letters.channel(); err != nil {
+		if c.ch, c.returns, err = c.letters.channel(ctx); err != nil {
 			return err
 		}
 	}
