@@ -52,8 +52,10 @@ func TestPanicIsRetriedInPlaceThenDeadLettered(t *testing.T) {
 	if len(ds) != 1 || ds[0].Action != consumer.ActionDeadLetter || ds[0].Class != consumer.ClassPanic || ds[0].DeliveryCount != 0 {
 		t.Errorf("decisions about the panicking event = %+v; want one dead letter of class panic on its first delivery", ds)
 	}
-	if got := attempts.Load(); got != 3 {
-		t.Errorf("the panicking event was handled %d times, want 3", got)
+	// Three times alone; with batches, once more in the batch it came in
+	// with, before the split set it apart.
+	if got := attempts.Load(); got != 3 && !(batchMax() > 1 && got == 4) {
+		t.Errorf("the panicking event was handled %d times, want 3 (4 with batches)", got)
 	}
 	if g := svc.rec.of(good.EventID); len(g) != 1 || g[0].DeliveryCount != 0 {
 		t.Errorf("decisions about the event behind = %+v; want one ack on its first delivery", g)
