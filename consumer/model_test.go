@@ -225,16 +225,21 @@ func (b *broker) closeChannel(c *mconsumer) {
 		return
 	}
 	c.closed = true
+	b.returnHeld(c, true)
+	c.buffer = nil
+}
+
+// returnHeld gives back everything c holds, in delivery order.
+func (b *broker) returnHeld(c *mconsumer, counted bool) {
 	tags := make([]uint64, 0, len(c.held))
 	for t := range c.held {
 		tags = append(tags, t)
 	}
 	sortTags(tags)
 	for _, t := range tags {
-		b.giveBack(c.held[t], true)
+		b.giveBack(c.held[t], counted)
 	}
 	c.held = map[uint64]*mmsg{}
-	c.buffer = nil
 }
 
 // timeout is the consumer timeout of the active consumer, holding something:
@@ -253,15 +258,7 @@ func (b *broker) timeout() bool {
 		return true
 	}
 	c.cancelled = true
-	tags := make([]uint64, 0, len(c.held))
-	for t := range c.held {
-		tags = append(tags, t)
-	}
-	sortTags(tags)
-	for _, t := range tags {
-		b.giveBack(c.held[t], false)
-	}
-	c.held = map[uint64]*mmsg{}
+	b.returnHeld(c, false)
 	c.rep.cancelNotice = true
 	return true
 }
