@@ -120,7 +120,7 @@ const (
 	ActionAck        Action = "ack"         // after the commit, or for a duplicate
 	ActionDeadLetter Action = "dead-letter" // copy to the DLQ with reasons, then ack
 	ActionRetry      Action = "retry"       // keep the message, try again after a backoff
-	ActionRequeue    Action = "requeue"     // Reject(requeue=true)
+	ActionRequeue    Action = "requeue"     // back to the queue, in order, by the channel's close
 )
 
 // decide maps a class to the one thing that happens to the message:
@@ -130,20 +130,21 @@ const (
 //	poison, producer-conflict,
 //	invalid-transition, data-rejected       dead-letter now (the message caused it)
 //	transient, unknown                      retry in place (the environment caused it, or may have)
-//	panic                                   requeue: the delivery limit ends a crash loop
+//	panic                                   retry in place; dead-letter after three panics alone (core.go)
 //	shutdown                                requeue, never dead-letter
 //
 // A retry that the end of the broker session cuts short becomes a requeue,
-// and so does everything behind a message that is requeued (core.go).
+// and so does everything behind a message that is requeued. The core
+// (core.go) carries this table out; TestDecide and the model test pin it.
 func decide(class Class) Action {
 	switch {
 	case class == "":
 		return ActionAck
 	case causedByMessage(class):
 		return ActionDeadLetter
-	case class == ClassTransient || class == ClassUnknown:
-		return ActionRetry
-	default: // ClassPanic, ClassShutdown
+	case class == ClassShutdown:
 		return ActionRequeue
+	default: // ClassTransient, ClassUnknown, ClassPanic
+		return ActionRetry
 	}
 }

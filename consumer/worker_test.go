@@ -22,7 +22,7 @@ func TestDecide(t *testing.T) {
 		{ClassRejected, ActionDeadLetter},
 		{ClassTransient, ActionRetry},
 		{ClassUnknown, ActionRetry},
-		{ClassPanic, ActionRequeue},
+		{ClassPanic, ActionRetry},
 		{ClassShutdown, ActionRequeue},
 	}
 	for _, tt := range tests {
