@@ -321,27 +321,7 @@ func must(t *testing.T, err error) {
 // of that role, as an operator or a network fault would.
 func (r *rig) killConnection(role string) {
 	r.t.Helper()
-	name := r.vhost + "-" + role
-	var found []string
-	waitFor(r.t, patience, "connection "+name+" to be listed", func() bool {
-		var conns []struct {
-			Name  string `json:"name"`
-			Props struct {
-				Name string `json:"connection_name"`
-			} `json:"client_properties"`
-		}
-		shared.mgmt(r.t, http.MethodGet, "/api/vhosts/"+url.PathEscape(r.vhost)+"/connections", nil, &conns)
-		found = found[:0]
-		for _, c := range conns {
-			if c.Props.Name == name {
-				found = append(found, c.Name)
-			}
-		}
-		return len(found) > 0
-	})
-	for _, n := range found {
-		shared.mgmt(r.t, http.MethodDelete, "/api/connections/"+url.PathEscape(n), nil, nil)
-	}
+	closeNamedConnections(r.t, shared, r.vhost, r.vhost+"-"+role, patience)
 }
 
 // consumerTimeout gives the rig's (declared) queue a consumer timeout of d

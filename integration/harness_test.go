@@ -473,15 +473,23 @@ func (e *env) peekDLQ() []dlqMessage {
 // fault would. It waits until the broker lists one first.
 func (e *env) closeConnections(name string) {
 	e.t.Helper()
+	closeNamedConnections(e.t, e.b, e.vhost, name, 15*time.Second)
+}
+
+// closeNamedConnections closes, through b's management API, every
+// connection to vhost whose client-provided name is name, once the broker
+// lists one (waiting up to patience).
+func closeNamedConnections(t *testing.T, b backend, vhost, name string, patience time.Duration) {
+	t.Helper()
 	var found []string
-	waitFor(e.t, 15*time.Second, "connection "+name+" to be listed", func() bool {
+	waitFor(t, patience, "connection "+name+" to be listed", func() bool {
 		var conns []struct {
 			Name  string `json:"name"`
 			Props struct {
 				Name string `json:"connection_name"`
 			} `json:"client_properties"`
 		}
-		e.b.mgmt(e.t, http.MethodGet, "/api/vhosts/"+url.PathEscape(e.vhost)+"/connections", nil, &conns)
+		b.mgmt(t, http.MethodGet, "/api/vhosts/"+url.PathEscape(vhost)+"/connections", nil, &conns)
 		found = found[:0]
 		for _, c := range conns {
 			if c.Props.Name == name {
@@ -491,7 +499,7 @@ func (e *env) closeConnections(name string) {
 		return len(found) > 0
 	})
 	for _, n := range found {
-		e.b.mgmt(e.t, http.MethodDelete, "/api/connections/"+url.PathEscape(n), nil, nil)
+		b.mgmt(t, http.MethodDelete, "/api/connections/"+url.PathEscape(n), nil, nil)
 	}
 }
 
