@@ -107,6 +107,9 @@ func (c config) validate() error {
 	if _, err := c.databaseURL(); err != nil {
 		return fmt.Errorf("configuration: %w", err)
 	}
+	if err := c.checkTLSFiles(); err != nil { // tlsfiles.go
+		return fmt.Errorf("configuration: %w", err)
+	}
 	switch {
 	case c.QueueCount < 1 || c.QueueCount > 1024:
 		return bad("QUEUE_COUNT", "must be between 1 and 1024, got %d", c.QueueCount)
