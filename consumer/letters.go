@@ -67,19 +67,20 @@ func (p *letters) setAlarm(on bool) {
 	}
 }
 
-// channel returns a new channel in confirm mode with its returns
-// registered, on the connection, which it dials when there is none yet or
+// channel returns a new channel in confirm mode with its returns and its
+// close registered, on the connection, which it dials when there is none yet or
 // the last one closed. A blocked connection (a resource alarm) answers no
 // channel.open until the alarm passes: the wait ends with ctx, and a
 // channel that opens later is closed.
-func (p *letters) channel(ctx context.Context) (*amqp.Channel, <-chan amqp.Return, error) {
+func (p *letters) channel(ctx context.Context) (*amqp.Channel, <-chan amqp.Return, <-chan *amqp.Error, error) {
 	conn, err := p.connection()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	type opened struct {
 		ch      *amqp.Channel
 		returns <-chan amqp.Return
+		closes  <-chan *amqp.Error
 		err     error
 	}
 	done := make(chan opened, 1)
@@ -93,18 +94,19 @@ func (p *letters) channel(ctx context.Context) (*amqp.Channel, <-chan amqp.Retur
 			done <- opened{err: fmt.Errorf("confirm mode: %w", err)}
 			return
 		}
-		done <- opened{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 1))}
+		done <- opened{ch: ch, returns: ch.NotifyReturn(make(chan amqp.Return, 1)),
+			closes: ch.NotifyClose(make(chan *amqp.Error, 1))}
 	}()
 	select {
 	case o := <-done:
-		return o.ch, o.returns, o.err
+		return o.ch, o.returns, o.closes, o.err
 	case <-ctx.Done():
 		go func() { // closed by the session's end at the latest
 			if o := <-done; o.ch != nil {
 				_ = o.ch.Close()
 			}
 		}()
-		return nil, nil, fmt.Errorf("open dead-letter channel: %w", context.Cause(ctx))
+		return nil, nil, nil, fmt.Errorf("open dead-letter channel: %w", context.Cause(ctx))
 	}
 }
 
@@ -135,23 +137,27 @@ type letterChannel struct {
 	letters *letters
 	ch      *amqp.Channel
 	returns <-chan amqp.Return
+	closes  <-chan *amqp.Error // the broker's reason, should it close the channel
 }
 
 // abandon forgets the channel, whose publish is left unconfirmed: the next
 // publish opens another, so that a late confirm or return of the abandoned
 // one is never taken for its own.
-func (c *letterChannel) abandon() { c.ch, c.returns = nil, nil }
+func (c *letterChannel) abandon() { c.ch, c.returns, c.closes = nil, nil, nil }
 
 // publish publishes msg and returns nil only once the broker confirmed it
-// (dlq.PublishConfirmed), waiting as long as ctx lasts.
+// (dlq.PublishConfirmed), waiting as long as ctx lasts. When the broker
+// refuses it because the user may not write to the exchange, it closes the
+// channel: the error is then a *dlq.Refused, which names the permission to
+// grant, not the nack the library makes of it.
 func (c *letterChannel) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
 	if c.ch == nil || c.ch.IsClosed() {
 		var err error
-		if c.ch, c.returns, err = c.letters.channel(ctx); err != nil {
+		if c.ch, c.returns, c.closes, err = c.letters.channel(ctx); err != nil {
 			return err
 		}
 	}
-	return dlq.PublishConfirmed(ctx, c.ch, c.returns, exchange, key, msg)
+	return dlq.Explain(dlq.PublishConfirmed(ctx, c.ch, c.returns, exchange, key, msg), c.closes, exchange)
 }
 
 // watch follows the broker's connection.blocked and unblocked until the

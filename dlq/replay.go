@@ -92,6 +92,7 @@ func Replay(conn *amqp.Connection, prefix string, f Filter, limit int, dryRun bo
 	}
 	defer ch.Close() // returns anything still held, should scan fail
 	var returns chan amqp.Return
+	var closes chan *amqp.Error
 	r.Scanned, r.Depth, err = scan(ch, Queue(prefix), func(d amqp.Delivery, l Letter) (bool, bool, error) {
 		if !r.judge(d, l, f) {
 			return true, false, nil
@@ -102,9 +103,10 @@ func Replay(conn *amqp.Connection, prefix string, f Filter, limit int, dryRun bo
 					return false, false, fmt.Errorf("confirm mode: %w", err)
 				}
 				returns = ch.NotifyReturn(make(chan amqp.Return, 1))
+				closes = ch.NotifyClose(make(chan *amqp.Error, 1))
 			}
 			if err := republish(ch, returns, prefix, r.Run, d, l); err != nil {
-				return false, false, fmt.Errorf("replay event %s: %w", l.EventID, err)
+				return false, false, fmt.Errorf("replay event %s: %w", l.EventID, Explain(err, closes, prefix))
 			}
 			if err := d.Ack(false); err != nil {
 				return false, false, fmt.Errorf("remove replayed event %s from the DLQ: %w", l.EventID, err)
@@ -190,11 +192,17 @@ func PublishConfirmed(ctx context.Context, ch *amqp.Channel, returns <-chan amqp
 		return err
 	}
 	select {
-	case r := <-returns:
+	case r, ok := <-returns:
+		if !ok { // closed with the channel: nothing was returned
+			return ErrChannelClosed
+		}
 		return fmt.Errorf("unroutable on exchange %q with key %q: %d %s", exchange, key, r.ReplyCode, r.ReplyText)
 	default:
 	}
 	if !acked {
+		if ch.IsClosed() { // the library nacks what was unconfirmed when the channel closed
+			return ErrChannelClosed
+		}
 		return errors.New("broker nacked the message")
 	}
 	return nil
