@@ -117,6 +117,7 @@ func TestTLSBrokerWithAnotherCAIsNotTrusted(t *testing.T) {
 	waitFor(t, 30*time.Second, "two attempts that say the broker's certificate is not trusted", func() bool {
 		return proc.linesSaying("broker session ended, reconnecting", "err", unknownAuthority) >= 2
 	})
+	t.Logf("the service says: %s", proc.field("broker session ended, reconnecting", "err"))
 	var ready map[string]any
 	if code := getJSON(t, base+"/readyz", &ready); code != 503 || !strings.Contains(fmt.Sprint(ready["broker"]), unknownAuthority) {
 		t.Errorf("/readyz = %d %v, want 503 with the broker's reason", code, ready)
@@ -228,6 +229,7 @@ func TestTLSDatabaseVerifyFull(t *testing.T) {
 	waitFor(t, 30*time.Second, "two attempts that say the server's certificate is not trusted", func() bool {
 		return proc.linesSaying("database not reachable, waiting", "err", unknownAuthority) >= 2
 	})
+	t.Logf("the service says: %s", proc.field("database not reachable, waiting", "err"))
 	var ready map[string]any
 	if code := getJSON(t, base+"/readyz", &ready); code != 503 || !strings.Contains(fmt.Sprint(ready["database"]), unknownAuthority) {
 		t.Errorf("/readyz = %d %v, want 503 with the database's reason", code, ready)
