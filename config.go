@@ -29,6 +29,7 @@ type config struct {
 	Prefix          string        `envconfig:"TOPOLOGY_PREFIX" default:"transfers" desc:"name of the hash exchange and prefix of the queues, PREFIX.dlx and PREFIX.dlq"`
 	DeliveryLimit   int           `envconfig:"DELIVERY_LIMIT" default:"10" desc:"quorum x-delivery-limit: returns of a message before the broker dead-letters it (so at most N+1 deliveries)"`
 	DeclareTopology bool          `envconfig:"DECLARE_TOPOLOGY" default:"true" desc:"declare exchanges, queues and bindings on every connect"`
+	ManagementURL   string        `envconfig:"MANAGEMENT_URL" desc:"RabbitMQ management API (http[s]://[user:password@]host:port), read with DECLARE_TOPOLOGY=false to check the arguments of the topology made by others; without credentials, AMQP_URL's are used; the user needs the management tag"`
 	InstanceName    string        `envconfig:"INSTANCE_NAME" desc:"name in connection names, consumer tags and dead-letter headers (default HOSTNAME-PID)"`
 	ReplicaIndex    int           `envconfig:"REPLICA_INDEX" default:"0" desc:"this replica's number, 0..REPLICA_COUNT-1: it prefers queues i with i % REPLICA_COUNT == REPLICA_INDEX (honoured by RabbitMQ 4.x, adr/0004)"`
 	ReplicaCount    int           `envconfig:"REPLICA_COUNT" default:"1" desc:"how many replicas share the queues; 1 sets no consumer priorities"`
@@ -105,6 +106,9 @@ func (c config) validate() error {
 		return fmt.Errorf("configuration: %w", err)
 	}
 	if _, err := c.databaseURL(); err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	if _, err := c.management(); err != nil {
 		return fmt.Errorf("configuration: %w", err)
 	}
 	if err := c.checkTLSFiles(); err != nil { // tlsfiles.go
@@ -310,8 +314,25 @@ func (c config) topology() consumer.Topology {
 	return consumer.Topology{Prefix: c.Prefix, Queues: c.QueueCount, DeliveryLimit: c.DeliveryLimit}
 }
 
+// management returns the management API MANAGEMENT_URL names, nil when
+// it is unset. An error names the variable and never quotes a password.
+func (c config) management() (*consumer.Management, error) {
+	if c.ManagementURL == "" {
+		return nil, nil
+	}
+	u, err := url.Parse(c.ManagementURL)
+	if err != nil {
+		return nil, fmt.Errorf("MANAGEMENT_URL: not a URL (%s)", urlProblem(err, c.ManagementURL))
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+		return nil, fmt.Errorf("MANAGEMENT_URL: want http[s]://[user:password@]host:port, got %q", redact(c.ManagementURL))
+	}
+	return &consumer.Management{URL: u}, nil
+}
+
 func (c config) consumerConfig(log *slog.Logger) consumer.Config {
 	urls, _ := c.brokerURLs() // validated at load; a file is read again at each dial
+	mgmt, _ := c.management() // validated at load
 	var urlsFunc func() ([]string, error)
 	if c.AMQPURLFile != "" {
 		urlsFunc = c.brokerURLs
@@ -321,6 +342,7 @@ func (c config) consumerConfig(log *slog.Logger) consumer.Config {
 		URLsFunc:        urlsFunc,
 		Topology:        c.topology(),
 		Declare:         c.DeclareTopology,
+		Management:      mgmt,
 		Instance:        c.instance(),
 		ReplicaIndex:    c.ReplicaIndex,
 		ReplicaCount:    c.ReplicaCount,

@@ -97,6 +97,9 @@ func TestConfigURLErrorsSayWhyWithoutTheURL(t *testing.T) {
 		{"AMQP_URL", "amqp://u:s3,cret@n1/", `AMQP_URL: URL 1: not a URL (invalid port after host` + encode + `)`},
 		{"AMQP_URL", "amqp://u:99999999999,s3cret@n1/",
 			`AMQP_URL: URL 1: not an AMQP URL (strconv.ParseInt: parsing: value out of range` + encode + `)`},
+		{"MANAGEMENT_URL", "amqp://u:s3cret@h:15672", `MANAGEMENT_URL: want http[s]://[user:password@]host:port, got "amqp://u:xxxxx@h:15672"`},
+		{"MANAGEMENT_URL", "http://u:s3/cret@h:15672", `MANAGEMENT_URL: not a URL (invalid port after host` + encode + `)`},
+		{"MANAGEMENT_URL", "https://u:s3cret@h:15672/?x=1", `MANAGEMENT_URL: want http[s]://[user:password@]host:port, got "https://u:xxxxx@h:15672/?x=1"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
