@@ -91,8 +91,14 @@ type Config struct {
 	// the next reconnect, without a restart. An error is a failed dial.
 	URLsFunc func() ([]string, error)
 	Topology Topology
-	Declare  bool   // declare the topology on every (re)connect
-	Instance string // connection name, consumer tags, dead-letter headers
+	Declare  bool // declare the topology on every (re)connect
+	// Management, when set and Declare is false, is read at each connect
+	// to verify the topology made by others (Topology.Verify): a queue
+	// that would lose an account's order or a dead letter is not
+	// consumed. nil: the arguments are not checked, and the service says
+	// so once.
+	Management *Management
+	Instance   string // connection name, consumer tags, dead-letter headers
 	// ReplicaIndex of ReplicaCount: with more than one replica, each consumes
 	// the queues i with i % ReplicaCount == ReplicaIndex at a higher consumer
 	// priority, so that brokers whose single active consumer honours
@@ -200,6 +206,8 @@ type Service struct {
 	brokerErr atomic.Pointer[string]   // why there is no broker session, while there is none
 	dlqDepth  atomic.Int64             // dead letters waiting, as last seen; -1 before
 	extra     atomic.Pointer[[]string] // queues beyond QUEUE_COUNT that exist, as last seen
+	check     atomic.Pointer[TopologyCheck]
+	unchecked sync.Once // said that the topology could not be checked
 
 	mu       sync.Mutex
 	blockedQ map[string]Blocked // by queue
@@ -227,6 +235,9 @@ type State struct {
 	// but that this instance does not consume: messages routed there wait
 	// for a consumer with a larger QUEUE_COUNT (adr/0004).
 	Unconsumed []string
+	// Topology is what the last check of a topology made by others found
+	// (Declare false); nil when the service declares its own.
+	Topology *TopologyCheck
 }
 
 // State returns the service's current broker-side state.
@@ -247,6 +258,7 @@ func (s *Service) State() State {
 	if extra := s.extra.Load(); extra != nil {
 		st.Unconsumed = *extra
 	}
+	st.Topology = s.check.Load()
 	return st
 }
 
@@ -351,10 +363,13 @@ func (s *Service) session(stop, work context.Context) error {
 	s.letters.Store(letters)
 	defer letters.close()
 
+	var stopped []string // partition queues the topology's check keeps from being consumed
 	if s.cfg.Declare {
 		if err := s.cfg.Topology.Declare(conn); err != nil {
 			return err
 		}
+	} else {
+		stopped = s.verify(stop, conn, urls[used])
 	}
 
 	session, endSession := context.WithCancel(stop)
@@ -362,6 +377,9 @@ func (s *Service) session(stop, work context.Context) error {
 	var wg sync.WaitGroup
 	errs := make(chan error, s.cfg.Topology.Queues)
 	for i := 0; i < s.cfg.Topology.Queues; i++ {
+		if slices.Contains(stopped, s.cfg.Topology.Queue(i)) {
+			continue
+		}
 		w, err := s.openWorker(conn, letters, i, work)
 		if err != nil {
 			endSession()
@@ -377,7 +395,11 @@ func (s *Service) session(stop, work context.Context) error {
 			errs <- w.run(session)
 		}()
 	}
-	s.log.Info("consuming", "queues", s.cfg.Topology.Queues, "prefix", s.cfg.Topology.Prefix)
+	if len(stopped) == 0 {
+		s.log.Info("consuming", "queues", s.cfg.Topology.Queues, "prefix", s.cfg.Topology.Prefix)
+	} else {
+		s.log.Info("consuming", "queues", s.cfg.Topology.Queues-len(stopped), "prefix", s.cfg.Topology.Prefix, "not_consumed", stopped)
+	}
 	wg.Add(1)
 	go func() { defer wg.Done(); s.drainLoop(session, letters) }()
 
@@ -393,6 +415,9 @@ func (s *Service) session(stop, work context.Context) error {
 		case e := <-errs:
 			result = e
 		case <-look.C:
+			if len(stopped) > 0 && !slices.Equal(s.verify(stop, conn, urls[used]), stopped) {
+				result = errors.New("the topology made by others changed: reconnecting to consume what it allows now")
+			}
 		}
 	}
 	// Every worker finishes the message in hand before the connection
