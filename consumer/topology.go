@@ -76,7 +76,7 @@ func (t Topology) Declare(conn *amqp.Connection) error {
 
 	version, _ := conn.Properties["version"].(string)
 	if err := dlq.Declare(ch, t.Prefix, version); err != nil {
-		return translateDeclareError("dead-letter topology", err)
+		return t.translateDeclareError("dead-letter topology", err)
 	}
 	if err := ch.ExchangeDeclare(t.Prefix, "x-consistent-hash",
 		true,  // durable
@@ -84,16 +84,16 @@ func (t Topology) Declare(conn *amqp.Connection) error {
 		false, // internal
 		false, // no-wait
 		nil); err != nil {
-		return translateDeclareError("exchange "+t.Prefix, err)
+		return t.translateDeclareError("exchange "+t.Prefix, err)
 	}
 	for i := 0; i < t.Queues; i++ {
 		q := t.Queue(i)
 		if ch, err = declareQueue(conn, ch, q, t.QueueArgs()); err != nil {
-			return translateDeclareError("queue "+q, err)
+			return t.translateDeclareError("queue "+q, err)
 		}
 		// The binding key of a consistent-hash exchange is the weight.
 		if err := ch.QueueBind(q, "1", t.Prefix, false, nil); err != nil {
-			return translateDeclareError("binding of queue "+q, err)
+			return t.translateDeclareError("binding of queue "+q, err)
 		}
 	}
 	return nil
@@ -135,7 +135,7 @@ func declareQueue(conn *amqp.Connection, ch *amqp.Channel, name string, args amq
 
 var inequivalent = regexp.MustCompile(`inequivalent arg '([^']+)' for (queue|exchange) '([^']+)'`)
 
-func translateDeclareError(object string, err error) error {
+func (t Topology) translateDeclareError(object string, err error) error {
 	var ae *amqp.Error
 	if !errors.As(err, &ae) {
 		return fmt.Errorf("declare %s: %w", object, err)
@@ -154,9 +154,9 @@ func translateDeclareError(object string, err error) error {
 		return &TopologyError{Object: object, Err: err, Fix: "make the existing object match or delete it"}
 	case ae.Code == amqp.AccessRefused:
 		return &TopologyError{Object: object, Err: err, Fix: "this user may not declare it: either have an administrator " +
-			"declare the topology (`transferconsumer topology`, as a user with configure permission) and run the service " +
-			"with DECLARE_TOPOLOGY=false, which needs only write on the dead-letter exchange and read on the partition " +
-			"queues, or grant the user configure, write and read permissions on the vhost"}
+			"declare the topology (`transferconsumer topology`, as a user with " + LeastGrants(t.Prefix, true).String() +
+			") and run the service with DECLARE_TOPOLOGY=false, which needs only " + LeastGrants(t.Prefix, false).String() +
+			", or grant this user " + LeastGrants(t.Prefix, true).String() + " on the vhost"}
 	}
 	return fmt.Errorf("declare %s: %w", object, err)
 }

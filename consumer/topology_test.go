@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"errors"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -26,12 +27,14 @@ func TestTranslateDeclareError(t *testing.T) {
 			Reason: "PRECONDITION_FAILED - inequivalent arg 'x-delivery-limit' for queue 'transfers.3' in vhost '/': received the value '5' of type 'signedint' but current is none"},
 			true, []string{"queue transfers.3", "x-delivery-limit", "DECLARE_TOPOLOGY"}},
 		{"no permission", &amqp.Error{Code: amqp.AccessRefused, Reason: "ACCESS_REFUSED"},
-			true, []string{"permissions", "DECLARE_TOPOLOGY=false", "transferconsumer topology"}},
+			true, []string{"DECLARE_TOPOLOGY=false", "transferconsumer topology",
+				`configure '^$', write '^transfers\.dl[xq]$', read '^transfers\.[0-9]+$'`,
+				`configure '^transfers(\.dlx|\.dlq|\.[0-9]+)?$', write '^transfers\.(dlx|dlq|[0-9]+)$', read '^transfers(\.dlx|\.[0-9]+)?$'`}},
 		{"connection lost", amqp.ErrClosed, false, []string{"declare exchange transfers"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := translateDeclareError("exchange transfers", tt.err)
+			err := Topology{Prefix: "transfers"}.translateDeclareError("exchange transfers", tt.err)
 			var te *TopologyError
 			if errors.As(err, &te) != tt.topology {
 				t.Errorf("TopologyError = %v, want %v: %v", !tt.topology, tt.topology, err)
@@ -54,6 +57,31 @@ func TestQueueArgs(t *testing.T) {
 	for k, v := range want {
 		if args[k] != v {
 			t.Errorf("%s = %v, want %v", k, args[k], v)
+		}
+	}
+}
+
+// The grants follow TOPOLOGY_PREFIX, its dots escaped, and match the
+// names they are for and no other.
+func TestLeastGrantsFollowThePrefix(t *testing.T) {
+	for _, declare := range []bool{false, true} {
+		g := LeastGrants("a.b", declare)
+		match := func(re, name string) bool { return regexp.MustCompile(re).MatchString(name) }
+		for _, name := range []string{"a.b.0", "a.b.17"} {
+			if !match(g.Read, name) {
+				t.Errorf("declare %v: read %s does not match %s", declare, g.Read, name)
+			}
+		}
+		if !match(g.Write, "a.b.dlx") {
+			t.Errorf("declare %v: write %s does not match a.b.dlx", declare, g.Write)
+		}
+		for _, name := range []string{"aXb.0", "a.b.dlq.x", "other.0", "a.b.dlxx", "a.b"} {
+			if match(g.Read, name) && (!declare || name != "a.b") {
+				t.Errorf("declare %v: read %s matches %s", declare, g.Read, name)
+			}
+		}
+		if !declare && g.Configure != "^$" {
+			t.Errorf("without declaring, configure is %s, want ^$", g.Configure)
 		}
 	}
 }
