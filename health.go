@@ -136,9 +136,40 @@ func (h *health) readiness() (int, map[string]any) {
 	if st.PublishBlocked != "" {
 		body["broker_alarm"] = st.PublishBlocked
 	}
+	if !topologyReadiness(st.Topology, body) {
+		ready = false
+	}
 	body["ready"] = ready
 	if !ready {
 		return http.StatusServiceUnavailable, body
 	}
 	return http.StatusOK, body
+}
+
+// topologyReadiness says in body what the check of a topology made by
+// others found (DECLARE_TOPOLOGY=false): "topology" is "ok", why it was not
+// checked, or that it differs, with each finding in "topology_findings". It
+// returns false when a finding keeps queues from being consumed; one that
+// only warns, or a check that could not be made, leaves readiness alone.
+func topologyReadiness(check *consumer.TopologyCheck, body map[string]any) bool {
+	if check == nil {
+		return true // the service declares its own
+	}
+	body["topology"] = redactText(check.Status)
+	if len(check.Findings) == 0 {
+		return true
+	}
+	findings := make([]map[string]any, 0, len(check.Findings))
+	for _, f := range check.Findings {
+		findings = append(findings, map[string]any{
+			"severity": string(f.Severity), "object": f.Object, "argument": f.Argument,
+			"found": f.Found, "wanted": f.Wanted, "why": f.Why, "fix": f.Fix,
+		})
+	}
+	body["topology_findings"] = findings
+	if len(check.NotConsumed) == 0 {
+		return true
+	}
+	body["not_consumed_queues"] = check.NotConsumed
+	return false
 }

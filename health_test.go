@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"testing"
 
+	"transferconsumer/consumer"
 	"transferconsumer/db"
 )
 
@@ -41,5 +42,44 @@ func TestReadinessSaysTheSchemaIsBehind(t *testing.T) {
 	h.schemaCurrent()
 	if _, body = h.readiness(); body["schema"] != "ok" || body["missing_migrations"] != nil {
 		t.Errorf("current: %v", body)
+	}
+}
+
+// A finding that keeps a queue from being consumed makes the service not
+// ready and is said in words; one that only warns is said and leaves it
+// ready; without a check (the service declares its own) nothing is said.
+func TestReadinessSaysWhatTheTopologyCheckFound(t *testing.T) {
+	refuse := consumer.Finding{Severity: consumer.Refuse, Object: "queue transfers.1", Queue: "transfers.1",
+		Argument: "x-single-active-consumer", Found: "none", Wanted: "true", Why: "order", Fix: "redeclare"}
+	warn := consumer.Finding{Severity: consumer.Warn, Object: "queue transfers.0", Argument: "x-delivery-limit",
+		Found: "5", Wanted: "10", Why: "limit", Fix: "set DELIVERY_LIMIT=5"}
+	tests := []struct {
+		name  string
+		check *consumer.TopologyCheck
+		ready bool
+		keys  []string
+	}{
+		{"declared by the service", nil, true, nil},
+		{"not checked", &consumer.TopologyCheck{Status: "not checked: set MANAGEMENT_URL"}, true, []string{"topology"}},
+		{"a warning", &consumer.TopologyCheck{Status: "differs", Findings: []consumer.Finding{warn}}, true,
+			[]string{"topology", "topology_findings"}},
+		{"a queue not consumed", &consumer.TopologyCheck{Status: "differs", Findings: []consumer.Finding{refuse, warn},
+			NotConsumed: []string{"transfers.1"}}, false, []string{"topology", "topology_findings", "not_consumed_queues"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			body := map[string]any{}
+			if got := topologyReadiness(tt.check, body); got != tt.ready {
+				t.Errorf("ready = %v, want %v", got, tt.ready)
+			}
+			if len(body) != len(tt.keys) {
+				t.Errorf("body %v, want the keys %v", body, tt.keys)
+			}
+			for _, k := range tt.keys {
+				if _, ok := body[k]; !ok {
+					t.Errorf("body %v lacks %s", body, k)
+				}
+			}
+		})
 	}
 }

@@ -142,6 +142,12 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, migrations fs.FS) 
 	if cfg.DatabaseURLFile != "" {
 		attrs = append(attrs, "database_url_file", cfg.DatabaseURLFile)
 	}
+	if cfg.ManagementURL != "" {
+		attrs = append(attrs, "management_url", redact(cfg.ManagementURL))
+	}
+	if !cfg.DeclareTopology {
+		attrs = append(attrs, "declare_topology", false)
+	}
 	log.Info("starting", attrs...)
 	h := &health{}
 	m := newMetrics(h)
