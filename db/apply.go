@@ -4,11 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
-	"errors"
 	"fmt"
+	"io"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -22,12 +20,6 @@ import (
 // consumer.Lanes.
 type Inbox struct {
 	db *sqlx.DB
-
-	mu    sync.Mutex                // held to prepare statements and to reset pids
-	apply atomic.Pointer[sqlx.Stmt] // apply_event, prepared once, re-prepared by database/sql per connection
-	batch atomic.Pointer[sqlx.Stmt] // apply_batch, likewise
-	pids  sync.Map                  // driver connection → its server process
-	npids atomic.Int64              // entries in pids
 }
 
 // NewInbox returns an Inbox over db.
@@ -65,26 +57,28 @@ func (in *Inbox) Apply(ctx context.Context, ev consumer.Event) (consumer.Result,
 // time, on a connection it keeps between them, and bounds each attempt by
 // timeout itself (0: only by the context given to Apply).
 //
-// A statement is never handed a cancellable context: given one, database/sql
-// and lib/pq start a goroutine per statement to watch it, three per event,
-// which cost about 40 µs of CPU per event here (BENCHMARKS.md). When an
-// attempt's time is up, or the context given to Apply ends while a statement
-// runs, the lane asks the server, from another connection, to cancel its
-// connection's server process (pg_cancel_backend). What the cancel
-// interrupts rolls back; the error is transient, so the event is retried in
-// place. A connection a cancel was sent for is discarded, never reused, so a
-// late cancel cannot reach another statement. Per event, the timeout and
-// the watch cost no allocation and no goroutine: a timer reset and stopped,
-// a mutex taken twice (ADR 0005, second addendum).
+// Nothing a lane does outlives a transaction on the server, so it works the
+// same against PostgreSQL, behind PgBouncer in session mode and behind
+// PgBouncer in transaction mode, where each transaction may run on another
+// server connection: its statement is sent unnamed, never prepared by name
+// to be found again later, and an attempt that runs out of time, or whose
+// context ends, is cancelled by lib/pq's own cancel request, which carries
+// the client connection's key (PgBouncer forwards it to the server
+// connection that client holds at that moment), never by a server process
+// id read earlier. The cancel watches the statement alone: lib/pq sends it
+// only while the statement runs and then closes the connection, so it can
+// reach no other statement, and the COMMIT, which a cancel must never
+// interrupt, is sent on a connection no cancel was sent for or not at all
+// (the attempt is then rolled back and retried in place).
 func (in *Inbox) Lane(timeout time.Duration) consumer.Lane {
 	return &lane{in: in, timeout: timeout}
 }
 
 // keepConns reports whether a lane may keep its connection after an event:
-// only while another connection is left for everyone else (another lane, a
-// cancel, the readiness check, retention). With a pool smaller than the
-// queues (DB_MAX_CONNS), or shared, the last lanes to take one return it
-// after every event, so that no queue waits on a connection a lane sits on.
+// only while another connection is left for everyone else (another lane,
+// the readiness check, retention). With a pool smaller than the queues
+// (DB_MAX_CONNS), or shared, the last lanes to take one return it after
+// every event, so that no queue waits on a connection a lane sits on.
 func (in *Inbox) keepConns() bool {
 	st := in.db.Stats()
 	return st.MaxOpenConnections == 0 || st.MaxOpenConnections-st.InUse >= 1
@@ -94,27 +88,18 @@ type lane struct {
 	in      *Inbox
 	timeout time.Duration
 
-	// Owned by the goroutine calling Apply.
-	conn      *sqlx.Conn // kept between events; nil until needed and after a failure
-	timer     *time.Timer
-	watched   context.Context // the context stopWatch watches
-	stopWatch func() bool
+	conn *sqlx.Conn // kept between events; nil until needed and after a failure
+	raw  io.Closer  // conn's driver connection, closed directly only by discard
 
 	// inTransaction, when set (by tests), runs in each transaction after
 	// its statement, before the commit: where a panic holds the claims
 	// and locks the statement took.
 	inTransaction func()
-
-	mu        sync.Mutex // guards what the timer and the watch touch
-	pid       int        // conn's server process
-	active    bool       // a transaction is running on conn
-	deadline  time.Time  // of the running attempt, when timeout > 0
-	cancelled bool       // a cancel was sent for conn
 }
 
 func (l *lane) Apply(ctx context.Context, ev consumer.Event) (consumer.Result, error) {
 	var outcome string
-	if err := l.run(ctx, &l.in.apply, applyEventSQL, eventArgs(ev), &outcome); err != nil {
+	if err := l.run(ctx, applyEventSQL, eventArgs(ev), &outcome); err != nil {
 		return consumer.Result{}, fmt.Errorf("apply event %s: %w", ev.ID, translate(err))
 	}
 	o := result(ev, outcome)
@@ -131,7 +116,7 @@ func (l *lane) Apply(ctx context.Context, ev consumer.Event) (consumer.Result, e
 // batch. It implements consumer.BatchLane.
 func (l *lane) ApplyBatch(ctx context.Context, evs []consumer.Event) ([]consumer.Outcome, error) {
 	var outcomes pq.StringArray
-	if err := l.run(ctx, &l.in.batch, applyBatchSQL, batchArgs(evs), &outcomes); err != nil {
+	if err := l.run(ctx, applyBatchSQL, batchArgs(evs), &outcomes); err != nil {
 		return nil, fmt.Errorf("apply a batch of %d events from %s: %w", len(evs), evs[0].ID, translate(err))
 	}
 	if len(outcomes) != len(evs) {
@@ -218,13 +203,9 @@ func batchArgs(evs []consumer.Event) []any {
 }
 
 // run runs one transaction on the lane's connection: the statement query
-// (prepared once, kept in stmt) with args, its one value scanned into dest.
-func (l *lane) run(ctx context.Context, stmt *atomic.Pointer[sqlx.Stmt], query string, args []any, dest any) error {
+// with args, its one value scanned into dest.
+func (l *lane) run(ctx context.Context, query string, args []any, dest any) error {
 	if err := ctx.Err(); err != nil {
-		return err
-	}
-	prepared, err := l.in.statement(ctx, stmt, query)
-	if err != nil {
 		return err
 	}
 	if l.conn == nil {
@@ -232,104 +213,48 @@ func (l *lane) run(ctx context.Context, stmt *atomic.Pointer[sqlx.Stmt], query s
 			return err
 		}
 	}
-	if ctx != l.watched {
-		if l.stopWatch != nil {
-			l.stopWatch()
-		}
-		l.watched, l.stopWatch = ctx, context.AfterFunc(ctx, func() { l.cancel(false) })
-	}
-
-	l.mu.Lock()
-	l.active = true
+	attempt := ctx
 	if l.timeout > 0 {
-		l.deadline = time.Now().Add(l.timeout)
-	}
-	l.mu.Unlock()
-	if l.timeout > 0 {
-		if l.timer == nil {
-			l.timer = time.AfterFunc(l.timeout, func() { l.cancel(true) })
-		} else {
-			l.timer.Reset(l.timeout)
-		}
-	}
-
-	var cancelled, ended bool
-	end := func() {
-		if !ended {
-			ended, cancelled = true, l.end()
-		}
+		var cancel context.CancelFunc
+		attempt, cancel = context.WithTimeout(ctx, l.timeout)
+		defer cancel()
 	}
 	finished := false
 	defer func() {
 		if !finished {
 			// The transaction panicked, and inTx rolled it back as far as
-			// it could: nothing of the attempt may outlive it, no cancel
-			// may start any more, and the connection goes.
-			end()
+			// it could: the connection goes.
 			l.discard()
 		}
 	}()
-	quiet := context.Background()
-	err = inTx(quiet, l.conn, func(tx *sqlx.Tx) error {
-		if err := tx.StmtContext(quiet, prepared.Stmt).QueryRowContext(quiet, args...).Scan(dest); err != nil {
+	// BEGIN and COMMIT run under a context that is never cancelled: only
+	// the statement is.
+	quiet := context.WithoutCancel(ctx)
+	err := inTx(quiet, l.conn, func(tx *sqlx.Tx) error {
+		if err := tx.QueryRowContext(attempt, query, args...).Scan(dest); err != nil {
 			return err
 		}
 		if l.inTransaction != nil {
 			l.inTransaction()
 		}
-		// The COMMIT is never cancelled: a cancel that lands while it waits
-		// for a synchronous standby makes PostgreSQL report success for a
-		// commit that is only local. So no cancel may start from here on,
-		// and a transaction a cancel was already sent for rolls back
-		// instead of committing; the event is retried.
-		end()
-		if cancelled {
-			return errCancelled
-		}
 		return nil
 	})
 	finished = true
-	end()
 	switch {
-	case cancelled:
-		// The cancel may yet reach the server after this transaction ended:
-		// the connection must not run anyone's next statement.
-		l.conn.Raw(func(any) error { return driver.ErrBadConn })
-		l.unpin()
-		if ctx.Err() == nil {
-			err = fmt.Errorf("%w (cancelled after %s)", err, l.timeout)
-		}
 	case err != nil:
 		// A fresh connection is simpler to trust than one that failed in a
-		// transaction.
+		// transaction (lib/pq has closed one it sent a cancel for).
 		l.unpin()
+		if attempt.Err() != nil && ctx.Err() == nil {
+			err = fmt.Errorf("%w (cancelled after %s)", err, l.timeout)
+		}
 	case !l.in.keepConns():
 		l.unpin()
 	}
 	return err
 }
 
-// errCancelled is the error of an attempt whose statement a cancel was sent
-// for: it is rolled back, never committed.
-var errCancelled = errors.New("attempt cancelled before its commit")
-
-// end ends the attempt's cancellable part: it stops the timer, and once it
-// holds mu no cancel can start for this transaction any more (a cancel
-// being sent holds mu until it is sent). It reports whether one was sent.
-func (l *lane) end() bool {
-	if l.timer != nil {
-		l.timer.Stop()
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.active = false
-	cancelled := l.cancelled
-	l.cancelled = false
-	return cancelled
-}
-
-// pin takes a connection for the lane and asks for its server process,
-// within the lane's timeout.
+// pin takes a connection for the lane, within the lane's timeout.
 func (l *lane) pin(ctx context.Context) error {
 	if l.timeout > 0 {
 		var cancel context.CancelFunc
@@ -340,32 +265,38 @@ func (l *lane) pin(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	pid, err := l.in.backendPID(ctx, conn)
-	if err != nil {
-		conn.Close()
-		return err
-	}
+	conn.Raw(func(dc any) error {
+		l.raw, _ = dc.(io.Closer)
+		return nil
+	})
 	l.conn = conn
-	l.mu.Lock()
-	l.pid = pid
-	l.mu.Unlock()
 	return nil
 }
 
 func (l *lane) unpin() {
 	l.conn.Close()
-	l.conn = nil
+	l.conn, l.raw = nil, nil
+}
+
+// Close returns the lane's connection to the pool; the lane is not used
+// again. A second Close does nothing.
+func (l *lane) Close() {
+	if l.conn != nil {
+		l.unpin()
+	}
 }
 
 // discard drops the lane's connection after a panic in its transaction,
 // which inTx rolled back, unless the panic came from inside database/sql:
 // then database/sql never gives the connection back, and closing it waits
 // forever. So it is closed (not returned to the pool) in the background,
-// and if that has not happened within rollbackWait, its server process is
-// terminated, which ends the transaction and releases what it held.
+// and if that has not happened within rollbackWait, the driver's connection
+// is closed underneath database/sql, whose lock on it will never be
+// released anyway: the server (or PgBouncer, for a client that leaves in a
+// transaction) then ends the transaction and releases what it held.
 func (l *lane) discard() {
-	conn, pid := l.conn, l.pid
-	l.conn = nil
+	conn, raw := l.conn, l.raw
+	l.conn, l.raw = nil, nil
 	if conn == nil {
 		return
 	}
@@ -380,97 +311,10 @@ func (l *lane) discard() {
 	select {
 	case <-closed:
 	case <-t.C:
-		l.in.terminateBackend(pid)
+		if raw != nil {
+			raw.Close()
+		}
 	}
-}
-
-// cancel cancels the running transaction on the server, if there is one
-// and, for the timer (atDeadline), if its deadline has passed: a timer that
-// fired just as the previous attempt ended finds the next one's deadline
-// ahead and leaves it alone.
-func (l *lane) cancel(atDeadline bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !l.active || l.cancelled || atDeadline && time.Now().Before(l.deadline) {
-		return
-	}
-	l.cancelled = true
-	l.in.cancelBackend(l.pid)
-}
-
-// Close returns the lane's connection to the pool and stops its timer and
-// its watch; the lane is not used again. A second Close does nothing.
-func (l *lane) Close() {
-	if l.timer != nil {
-		l.timer.Stop()
-	}
-	if l.stopWatch != nil {
-		l.stopWatch()
-	}
-	if l.conn != nil {
-		l.unpin()
-	}
-}
-
-// backendPID returns the server process of conn, asked once per connection
-// and kept, so that a statement on it can be cancelled from another one.
-func (in *Inbox) backendPID(ctx context.Context, conn *sqlx.Conn) (int, error) {
-	var key any
-	conn.Raw(func(dc any) error { key = dc; return nil })
-	if pid, ok := in.pids.Load(key); ok {
-		return pid.(int), nil
-	}
-	var pid int
-	if err := conn.QueryRowxContext(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-		return 0, fmt.Errorf("read backend pid: %w", err)
-	}
-	if in.npids.Load() >= int64(64+2*in.db.Stats().MaxOpenConnections) {
-		// Closed connections leave their entries behind; starting over
-		// bounds the map at the cost of asking each open connection again.
-		in.mu.Lock()
-		in.pids.Clear()
-		in.npids.Store(0)
-		in.mu.Unlock()
-	}
-	if _, loaded := in.pids.LoadOrStore(key, pid); !loaded {
-		in.npids.Add(1)
-	}
-	return pid, nil
-}
-
-// cancelBackend asks the server, over another connection, to cancel what
-// pid is running; like lib/pq's own cancel request it is best effort.
-func (in *Inbox) cancelBackend(pid int) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	in.db.ExecContext(ctx, `SELECT pg_cancel_backend($1)`, pid)
-}
-
-// terminateBackend ends the server process pid, over another connection,
-// and with it the transaction it is in; best effort, like cancelBackend.
-func (in *Inbox) terminateBackend(pid int) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	in.db.ExecContext(ctx, `SELECT pg_terminate_backend($1)`, pid)
-}
-
-// statement prepares query the first time it is needed and keeps it in
-// stmt. A failure is not kept: the next event tries again.
-func (in *Inbox) statement(ctx context.Context, stmt *atomic.Pointer[sqlx.Stmt], query string) (*sqlx.Stmt, error) {
-	if s := stmt.Load(); s != nil {
-		return s, nil
-	}
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if s := stmt.Load(); s != nil {
-		return s, nil
-	}
-	s, err := in.db.PreparexContext(ctx, query)
-	if err != nil {
-		return nil, errors.Join(fmt.Errorf("prepare %s", query), err)
-	}
-	stmt.Store(s)
-	return s, nil
 }
 
 // jsonb passes JSON bytes as a jsonb parameter: as text, or NULL when there

@@ -148,7 +148,7 @@ func TestLaneWhoseDriverCallPanickedHoldsNothing(t *testing.T) {
 	if !returnsWithin(10*time.Second, func() {
 		defer func() { p = recover() }()
 		var outcome string
-		_ = l.run(context.Background(), &in.apply, applyEventSQL, args, &outcome)
+		_ = l.run(context.Background(), applyEventSQL, args, &outcome)
 	}) {
 		t.Fatal("the panic did not reach the caller within 10s")
 	}

@@ -21,13 +21,13 @@ import (
 // (TEST_DATABASE_URL, a maintenance database there), migrated with ../sql
 // and dropped at the end, with a pool of maxConns. The test is skipped when
 // the server is unreachable, except with CI=true, where it fails.
-func testDB(t *testing.T, maxConns int) *sqlx.DB {
+func testDB(t testing.TB, maxConns int) *sqlx.DB {
 	t.Helper()
 	return testDBWith(t, maxConns, os.DirFS("../sql"))
 }
 
 // testDBWith is testDB migrated with migrations.
-func testDBWith(t *testing.T, maxConns int, migrations fs.FS) *sqlx.DB {
+func testDBWith(t testing.TB, maxConns int, migrations fs.FS) *sqlx.DB {
 	t.Helper()
 	adminURL := os.Getenv("TEST_DATABASE_URL")
 	if adminURL == "" {
@@ -113,7 +113,7 @@ func newID() string {
 }
 
 // event decodes an event of the contract's shape, as the worker would.
-func event(t *testing.T, id, typ, transfer, from, to string, amount int64) consumer.Event {
+func event(t testing.TB, id, typ, transfer, from, to string, amount int64) consumer.Event {
 	t.Helper()
 	body, _ := json.Marshal(map[string]any{
 		"eventId": id, "eventType": typ, "occurredAt": "2026-07-10T12:00:00Z",
