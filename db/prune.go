@@ -14,7 +14,7 @@ const pruneLock = 7_301_002
 
 // PruneResult is what one Prune run did.
 type PruneResult struct {
-	Ran     bool  // false when another replica held the prune lock
+	Ran     bool  // false when another replica held the prune lock at the start
 	Deleted int64 // inbox rows removed
 	Batches int
 }
@@ -22,42 +22,47 @@ type PruneResult struct {
 // Prune deletes inbox rows older than ttl, at most batch rows per statement,
 // until none are left, each batch in its own short transaction so that it
 // holds row locks only on the rows it removes and never blocks a consumer's
-// claim. It runs only if it can take the prune advisory lock, so replicas
-// pruning on the same interval take turns instead of competing. It returns
-// the rows deleted so far along with any error; transient errors are
-// classified as usual.
+// claim. Each batch first takes the prune advisory lock for its own
+// transaction, so replicas pruning on the same interval take turns instead
+// of competing: a run that finds the lock held on its first batch does
+// nothing, and one that finds it held later stops, leaving the rest to the
+// replica that holds it. The lock is transaction-scoped, never a session's:
+// the transaction's end releases it wherever it ran, behind PgBouncer in
+// transaction mode too, and a lost connection cannot leave it behind. It
+// returns the rows deleted so far along with any error; transient errors
+// are classified as usual.
 func Prune(ctx context.Context, db *sqlx.DB, ttl time.Duration, batch int) (PruneResult, error) {
 	var res PruneResult
-	conn, err := db.Connx(ctx)
-	if err != nil {
-		return res, fmt.Errorf("prune: %w", translate(err))
-	}
-	defer conn.Close()
-	var locked bool
-	if err := conn.GetContext(ctx, &locked, `SELECT pg_try_advisory_lock($1)`, pruneLock); err != nil {
-		return res, fmt.Errorf("prune: take lock: %w", translate(err))
-	}
-	if !locked {
-		return res, nil
-	}
-	defer conn.ExecContext(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1)`, pruneLock)
-	res.Ran = true
-
 	cutoff := fmt.Sprintf("%d milliseconds", ttl.Milliseconds())
 	for {
-		// The subquery walks the processed_at index oldest first; SKIP
-		// LOCKED steps over any row a concurrent transaction holds.
-		r, err := conn.ExecContext(ctx, `
-			DELETE FROM processed_event WHERE event_id IN (
-				SELECT event_id FROM processed_event
-				WHERE processed_at < now() - $1::interval
-				ORDER BY processed_at
-				LIMIT $2
-				FOR UPDATE SKIP LOCKED)`, cutoff, batch)
+		var locked bool
+		var n int64
+		err := inTx(ctx, db, func(tx *sqlx.Tx) error {
+			if err := tx.GetContext(ctx, &locked, `SELECT pg_try_advisory_xact_lock($1)`, pruneLock); err != nil || !locked {
+				return err
+			}
+			// The subquery walks the processed_at index oldest first; SKIP
+			// LOCKED steps over any row a concurrent transaction holds.
+			r, err := tx.ExecContext(ctx, `
+				DELETE FROM processed_event WHERE event_id IN (
+					SELECT event_id FROM processed_event
+					WHERE processed_at < now() - $1::interval
+					ORDER BY processed_at
+					LIMIT $2
+					FOR UPDATE SKIP LOCKED)`, cutoff, batch)
+			if err != nil {
+				return err
+			}
+			n, _ = r.RowsAffected()
+			return nil
+		})
 		if err != nil {
 			return res, fmt.Errorf("prune: delete batch %d: %w", res.Batches+1, translate(err))
 		}
-		n, _ := r.RowsAffected()
+		if !locked {
+			return res, nil
+		}
+		res.Ran = true
 		res.Deleted += n
 		res.Batches++
 		if n < int64(batch) {
