@@ -423,8 +423,39 @@ func (s *Service) session(stop, work context.Context) error {
 	// Every worker finishes the message in hand before the connection
 	// closes, so nothing is returned to the queue that could be finished.
 	endSession()
-	wg.Wait()
+	s.waitWorkers(&wg, work)
 	return result
+}
+
+// abandonAfter is how long, once shutdown has cancelled the work in hand
+// (SHUTDOWN_TIMEOUT after SIGTERM), a session waits for workers that have
+// not returned before it closes its connection without them.
+const abandonAfter = 5 * time.Second
+
+// waitWorkers waits for the session's workers. Once work has ended, a
+// worker whose database call cannot be interrupted (lib/pq waits for a
+// server that does not answer its cancel, such as a client queued in
+// PgBouncer for a server connection) is left behind after abandonAfter,
+// so that shutdown always ends: the connection's close returns what the
+// worker held to the broker, its transaction never commits or, had its
+// commit gone through, the redelivery is a duplicate the inbox absorbs.
+func (s *Service) waitWorkers(wg *sync.WaitGroup, work context.Context) {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return
+	case <-work.Done():
+	}
+	t := time.NewTimer(abandonAfter)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		s.log.Error("shutdown: a worker is stuck in a database call that cannot be interrupted; "+
+			"closing the broker connection without it (what it held is redelivered)",
+			"waited_ms", (s.cfg.ShutdownTimeout + abandonAfter).Milliseconds())
+	}
 }
 
 // lookEvery is how often a session reads the DLQ's depth and looks for
