@@ -36,9 +36,10 @@ const (
 	manifestDir = "kubernetes"
 
 	// shutdownMargin is what the process may still take after
-	// SHUTDOWN_TIMEOUT: flushing traces (5 s, main.go) and stopping the
-	// HTTP server (5 s, http.go).
-	shutdownMargin = 10 * time.Second
+	// SHUTDOWN_TIMEOUT: leaving a worker stuck in the database behind
+	// (5 s, consumer/service.go), flushing traces (5 s, main.go) and
+	// stopping the HTTP server (5 s, http.go).
+	shutdownMargin = 15 * time.Second
 
 	// measuredRSS is the service's peak RSS at 32 queues, BATCH_MAX=1
 	// (BENCHMARKS.md, "Against the targets").
