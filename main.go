@@ -150,7 +150,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, migrations fs.FS) 
 	}
 	log.Info("starting", attrs...)
 	h := &health{}
-	m := newMetrics(h)
+	m := newMetrics(h, cfg)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	jobs, stopJobs := context.WithCancel(ctx)

@@ -29,7 +29,7 @@ type metrics struct {
 	appliedLatency, duplicateLatency prometheus.Observer
 }
 
-func newMetrics(h *health) *metrics {
+func newMetrics(h *health, cfg config) *metrics {
 	const ns = "transferconsumer"
 	m := &metrics{
 		registry: prometheus.NewRegistry(),
@@ -80,6 +80,12 @@ func newMetrics(h *health) *metrics {
 		m.events, m.latency, m.retries, m.conflicts, m.pruned, m.batches,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		// Two settings, so that alert rules compare against the values
+		// the service runs with (prometheus/alerts.yml).
+		gauge("queue_count", "QUEUE_COUNT: the partition queues this instance consumes when all is well.",
+			func() float64 { return float64(cfg.QueueCount) }),
+		gauge("inbox_ttl_seconds", "INBOX_TTL: how long an applied eventId is remembered.",
+			func() float64 { return cfg.InboxTTL.Seconds() }),
 		gauge("broker_connected", "1 while a broker connection is up.",
 			func() float64 { return boolean(h.state().Connected) }),
 		gauge("queues_consumed", "Partition queues with a running consumer.",
