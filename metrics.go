@@ -15,13 +15,14 @@ import (
 // the consumer's decision and retry hooks, the prune job, or a scrape-time
 // read of the service's state.
 type metrics struct {
-	registry  *prometheus.Registry
-	events    *prometheus.CounterVec
-	latency   *prometheus.HistogramVec
-	retries   prometheus.Counter
-	batches   prometheus.Histogram
-	conflicts prometheus.Counter
-	pruned    prometheus.Counter
+	registry   *prometheus.Registry
+	collectors []prometheus.Collector // what registry holds
+	events     *prometheus.CounterVec
+	latency    *prometheus.HistogramVec
+	retries    prometheus.Counter
+	batches    prometheus.Histogram
+	conflicts  prometheus.Counter
+	pruned     prometheus.Counter
 
 	// The series of the two common outcomes, resolved once rather than
 	// looked up by label for every event.
@@ -76,7 +77,7 @@ func newMetrics(h *health, cfg config) *metrics {
 		}
 		return 0
 	}
-	m.registry.MustRegister(
+	m.collectors = []prometheus.Collector{
 		m.events, m.latency, m.retries, m.conflicts, m.pruned, m.batches,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -115,7 +116,8 @@ func newMetrics(h *health, cfg config) *metrics {
 				}
 				return age.Seconds()
 			}),
-	)
+	}
+	m.registry.MustRegister(m.collectors...)
 	return m
 }
 
