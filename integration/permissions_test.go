@@ -77,6 +77,41 @@ func TestPermissionsLeastInTheREADMEAreEnough(t *testing.T) {
 	}
 }
 
+// On an empty vhost, `transferconsumer topology` and `repartition` as a
+// user with the README's permissions for them declare everything, and the
+// service declaring its own topology (the default) runs with its row's.
+func TestPermissionsToDeclareInTheREADMEAreEnough(t *testing.T) {
+	e := newEnv(t)
+	grants := readmeGrants(t)
+	adminURL := e.brokerUser("admin", grants["`transferconsumer topology`, `transferconsumer repartition`"], "")
+	if out, err := runCommand(t, e.commandEnv(2, "AMQP_URL="+adminURL), "topology"); err != nil {
+		t.Fatalf("topology: %v\n%s", err, out)
+	}
+	if out, err := runCommand(t, e.commandEnv(2, "AMQP_URL="+adminURL), "repartition", "--to", "3"); err != nil ||
+		!strings.Contains(out, "done: now run every replica with QUEUE_COUNT=3") {
+		t.Fatalf("repartition: %v\n%s", err, out)
+	}
+	svcURL := e.brokerUser("svc", grants["the service, `DECLARE_TOPOLOGY=true` (the default)"], "")
+	proc := startProcess(t, e.serviceEnv(3, "AMQP_URL="+svcURL, "INSTANCE_NAME="+e.name+"-svc"))
+	proc.waitConsuming(1)
+	base := proc.httpAddr()
+	events := e.publishMany(6, 3)
+	e.publishRaw(prefix, "acc_poison_"+e.name, []byte(`{"eventId": "not json`), "")
+	waitFor(t, 30*time.Second, "every event decided", func() bool {
+		return e.inboxCount() == len(events) && proc.count("outcome", "dead_lettered") == 1
+	})
+	var ready map[string]any
+	waitFor(t, 30*time.Second, "ready, with the DLQ's depth read", func() bool {
+		return getJSON(t, base+"/readyz", &ready) == 200 &&
+			metricValue(getText(t, base+"/metrics"), "transferconsumer_dlq_messages") == 1
+	})
+	if err := proc.stop(syscall.SIGTERM, 20*time.Second); err != nil {
+		t.Errorf("exit after SIGTERM: %v", err)
+	}
+	proc.checkNothingRefused()
+	e.checkBalances(events)
+}
+
 // A user that may not write to the dead-letter exchange: the broker refuses
 // the service's copy and closes its channel. The log says the copy was
 // refused and names the permission to grant, not "nacked" nor
