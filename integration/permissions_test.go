@@ -279,10 +279,12 @@ func readmeGrants(t *testing.T) map[string]grants {
 		}
 		out[strings.TrimSpace(cells[1])] = grants{cell(2), cell(3), cell(4)}
 	}
-	for _, row := range []string{"the service, `DECLARE_TOPOLOGY=false`", "`transferconsumer dlq list`, `dlq replay --dry-run`",
-		"`transferconsumer dlq replay`"} {
-		if _, ok := out[row]; !ok {
-			t.Fatalf("README's table of permissions has no row %q: %v", row, out)
+	// An empty regex would grant everything: each row must be there, whole.
+	for _, row := range []string{"the service, `DECLARE_TOPOLOGY=false`", "the service, `DECLARE_TOPOLOGY=true` (the default)",
+		"`transferconsumer topology`, `transferconsumer repartition`",
+		"`transferconsumer dlq list`, `dlq replay --dry-run`", "`transferconsumer dlq replay`"} {
+		if g, ok := out[row]; !ok || g.configure == "" || g.write == "" || g.read == "" {
+			t.Fatalf("README's table of permissions has no whole row %q: %v", row, out)
 		}
 	}
 	return out
