@@ -299,8 +299,11 @@ func (w *worker) copy(session context.Context, s *slot) (copyResult, error) {
 			"queue", w.queue, "event_id", eventID(s))
 		return copyCut, err
 	}
-	w.svc.log.Error("dead-letter copy not confirmed, rejecting to the broker's dead-lettering",
-		"queue", w.queue, "event_id", eventID(s), "err", err)
+	say := "dead-letter copy not confirmed, rejecting to the broker's dead-lettering"
+	if _, refused := errors.AsType[*dlq.Refused](err); refused {
+		say = "dead-letter copy refused by the broker (access refused), rejecting to the broker's dead-lettering"
+	}
+	w.svc.log.Error(say, "queue", w.queue, "event_id", eventID(s), "err", err)
 	return copyRefused, err
 }
 
