@@ -30,6 +30,7 @@ type config struct {
 	DeliveryLimit   int           `envconfig:"DELIVERY_LIMIT" default:"10" desc:"quorum x-delivery-limit: returns of a message before the broker dead-letters it (so at most N+1 deliveries)"`
 	DeclareTopology bool          `envconfig:"DECLARE_TOPOLOGY" default:"true" desc:"declare exchanges, queues and bindings on every connect"`
 	ManagementURL   string        `envconfig:"MANAGEMENT_URL" desc:"RabbitMQ management API (http[s]://[user:password@]host:port), read with DECLARE_TOPOLOGY=false to check the arguments of the topology made by others; without credentials, AMQP_URL's are used; the user needs the management tag"`
+	MgmtURLFile     string        `envconfig:"MANAGEMENT_URL_FILE" desc:"file holding MANAGEMENT_URL's value, read again at each check; not with MANAGEMENT_URL"`
 	InstanceName    string        `envconfig:"INSTANCE_NAME" desc:"name in connection names, consumer tags and dead-letter headers (default HOSTNAME-PID)"`
 	ReplicaIndex    int           `envconfig:"REPLICA_INDEX" default:"0" desc:"this replica's number, 0..REPLICA_COUNT-1: it prefers queues i with i % REPLICA_COUNT == REPLICA_INDEX (honoured by RabbitMQ 4.x, adr/0004)"`
 	ReplicaCount    int           `envconfig:"REPLICA_COUNT" default:"1" desc:"how many replicas share the queues; 1 sets no consumer priorities"`
@@ -63,7 +64,7 @@ func loadConfig() (config, error) {
 	}
 	// A value and a file for it: neither is obviously the one meant. Empty
 	// counts as unset, as in the official images' entrypoints.
-	for _, name := range []string{"AMQP_URL", "DATABASE_URL"} {
+	for _, name := range []string{"AMQP_URL", "DATABASE_URL", "MANAGEMENT_URL"} {
 		if os.Getenv(name) != "" && os.Getenv(name+"_FILE") != "" {
 			return c, fmt.Errorf("configuration: %s and %[1]s_FILE are both set: set one", name)
 		}
@@ -317,17 +318,39 @@ func (c config) topology() consumer.Topology {
 // management returns the management API MANAGEMENT_URL names, nil when
 // it is unset. An error names the variable and never quotes a password.
 func (c config) management() (*consumer.Management, error) {
-	if c.ManagementURL == "" {
+	if c.ManagementURL == "" && c.MgmtURLFile == "" {
 		return nil, nil
 	}
-	u, err := url.Parse(c.ManagementURL)
+	u, err := c.managementURL()
 	if err != nil {
-		return nil, fmt.Errorf("MANAGEMENT_URL: not a URL (%s)", urlProblem(err, c.ManagementURL))
+		return nil, err
+	}
+	m := &consumer.Management{URL: u}
+	if c.MgmtURLFile != "" {
+		m.URLFunc = c.managementURL
+	}
+	return m, nil
+}
+
+// managementURL returns MANAGEMENT_URL, or what MANAGEMENT_URL_FILE holds,
+// read now, once it is checked to be an http or https URL.
+func (c config) managementURL() (*url.URL, error) {
+	setting, name, err := fromFile("MANAGEMENT_URL", c.ManagementURL, c.MgmtURLFile)
+	if err != nil {
+		return nil, err
+	}
+	u, err := url.Parse(setting)
+	if err != nil {
+		return nil, fmt.Errorf("%s: not a URL (%s)", name, urlProblem(err, quotable(setting, c.MgmtURLFile)))
 	}
 	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
-		return nil, fmt.Errorf("MANAGEMENT_URL: want http[s]://[user:password@]host:port, got %q", redact(c.ManagementURL))
+		got := "the file holds something else"
+		if c.MgmtURLFile == "" {
+			got = fmt.Sprintf("got %q", redact(setting))
+		}
+		return nil, fmt.Errorf("%s: want http[s]://[user:password@]host:port, %s", name, got)
 	}
-	return &consumer.Management{URL: u}, nil
+	return u, nil
 }
 
 func (c config) consumerConfig(log *slog.Logger) consumer.Config {

@@ -421,3 +421,40 @@ func TestConfigMigrate(t *testing.T) {
 		})
 	}
 }
+
+// MANAGEMENT_URL_FILE is read at load, to check it, and again at each
+// check of the topology: a rotated password is used without a restart. A
+// file holding something else is named, never quoted.
+func TestManagementURLFromAFile(t *testing.T) {
+	path := writeSecret(t, "http://mon:pw-one@h:15672\n")
+	t.Setenv("MANAGEMENT_URL_FILE", path)
+	c, err := loadConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := c.management()
+	if err != nil || m == nil || m.URLFunc == nil {
+		t.Fatalf("management() = %+v, %v; want one that reads the file again", m, err)
+	}
+	if err := os.WriteFile(path, []byte("http://mon:pw-two@h:15672\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	u, err := m.URLFunc()
+	if p, _ := u.User.Password(); err != nil || p != "pw-two" {
+		t.Errorf("after the rewrite: %v, %v; want the new password", u, err)
+	}
+
+	if err := os.WriteFile(path, []byte("s3cret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = loadConfig()
+	want := "configuration: MANAGEMENT_URL_FILE (" + path + "): want http[s]://[user:password@]host:port, the file holds something else"
+	if err == nil || err.Error() != want {
+		t.Errorf("got  %v\nwant %s", err, want)
+	}
+
+	t.Setenv("MANAGEMENT_URL", "http://h:15672")
+	if _, err := loadConfig(); err == nil || !strings.Contains(err.Error(), "MANAGEMENT_URL and MANAGEMENT_URL_FILE are both set") {
+		t.Errorf("both set: %v", err)
+	}
+}

@@ -145,6 +145,9 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, migrations fs.FS) 
 	if cfg.ManagementURL != "" {
 		attrs = append(attrs, "management_url", redact(cfg.ManagementURL))
 	}
+	if cfg.MgmtURLFile != "" {
+		attrs = append(attrs, "management_url_file", cfg.MgmtURLFile)
+	}
 	if !cfg.DeclareTopology {
 		attrs = append(attrs, "declare_topology", false)
 	}

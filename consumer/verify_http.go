@@ -22,8 +22,11 @@ type Management struct {
 	// URL is the API's base, http or https, with an optional path before
 	// /api. Its userinfo, when there is one, is the API's credentials;
 	// without, the broker URL's are used.
-	URL    *url.URL
-	Client *http.Client // nil: a client with a 10 s timeout
+	URL *url.URL
+	// URLFunc, when set, is called for URL at each Observe, so that a
+	// credential rotated in a file is used at the next check.
+	URLFunc func() (*url.URL, error)
+	Client  *http.Client // nil: a client with a 10 s timeout
 }
 
 // Observe reads, in the vhost of brokerURL, what Verify needs of t: each
@@ -36,14 +39,20 @@ func (m *Management) Observe(ctx context.Context, brokerURL string, t Topology, 
 	if err != nil {
 		return obs, errors.New("the broker URL does not parse")
 	}
+	base := m.URL
+	if m.URLFunc != nil {
+		if base, err = m.URLFunc(); err != nil {
+			return obs, err
+		}
+	}
 	user, password := uri.Username, uri.Password
-	if m.URL.User != nil {
-		user = m.URL.User.Username()
-		password, _ = m.URL.User.Password()
+	if base.User != nil {
+		user = base.User.Username()
+		password, _ = base.User.Password()
 	}
 	vhost := url.PathEscape(uri.Vhost)
 	get := func(kind, name, suffix string) ([]byte, error) {
-		return m.get(ctx, user, password, "/api/"+kind+"/"+vhost+"/"+url.PathEscape(name)+suffix)
+		return m.get(ctx, base, user, password, "/api/"+kind+"/"+vhost+"/"+url.PathEscape(name)+suffix)
 	}
 	queues := []string{dlq.Queue(t.Prefix)}
 	for i := range t.Queues {
@@ -66,8 +75,8 @@ func (m *Management) Observe(ctx context.Context, brokerURL string, t Topology, 
 }
 
 // get returns the body of GET path, or nil when the object does not exist.
-func (m *Management) get(ctx context.Context, user, password, path string) ([]byte, error) {
-	base := *m.URL
+func (m *Management) get(ctx context.Context, api *url.URL, user, password, path string) ([]byte, error) {
+	base := *api
 	base.User = nil // the credentials go in a header, never in a URL an error may quote
 	base.RawQuery, base.Fragment = "", ""
 	// path is escaped already: the vhost "/" is %2F, which must stay so.
