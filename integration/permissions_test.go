@@ -154,7 +154,8 @@ func TestPermissionMissingOnTheDeadLetterExchangeIsSaidRefused(t *testing.T) {
 // active consumer (and, on 4.x, the DLQ would drop letters): the service
 // says so at start, in the log and in /readyz, and does not consume what
 // would lose order or letters; once an administrator has fixed it with
-// `transferconsumer topology`, it consumes without a restart.
+// `transferconsumer topology`, it consumes without a restart. The
+// management API's URL, with a user of its own, is read from a file.
 func TestTopologyMadeByOthersWithAWrongArgumentIsSaid(t *testing.T) {
 	e := newEnv(t)
 	e.declare(2)
@@ -172,7 +173,7 @@ func TestTopologyMadeByOthersWithAWrongArgumentIsSaid(t *testing.T) {
 	}
 	svcURL := e.brokerUser("svc", readmeGrants(t)["the service, `DECLARE_TOPOLOGY=false`"], "management")
 	proc := startProcess(t, e.serviceEnv(2, "AMQP_URL="+svcURL, "DECLARE_TOPOLOGY=false",
-		"MANAGEMENT_URL="+withoutUser(t, e.b.managementURL), "INSTANCE_NAME="+e.name+"-svc"))
+		"MANAGEMENT_URL_FILE="+writeSecretFile(t, e.b.managementURL), "INSTANCE_NAME="+e.name+"-svc"))
 	proc.waitConsuming(1)
 	base := proc.httpAddr()
 
