@@ -110,6 +110,20 @@ func topologyCommand(cfg config, stdout io.Writer) error {
 	}
 	defer conn.Close()
 	t := cfg.topology()
+	existing, err := t.Existing(conn)
+	if err != nil {
+		return err
+	}
+	if existing > 0 && existing < t.Queues {
+		// Declaring more queues binds them to the hash exchange at once:
+		// keys move to queues nobody consumes yet, while their older
+		// events still wait in the old ones.
+		return fmt.Errorf("topology: %d partition queues exist (%s … %s) and QUEUE_COUNT=%d would add %d more, "+
+			"moving accounts to new queues while their older events wait in the old ones; "+
+			"to raise the count, run transferconsumer repartition --to %d with QUEUE_COUNT=%d (adr/0004); "+
+			"otherwise set QUEUE_COUNT=%d",
+			existing, t.Queue(0), t.Queue(existing-1), t.Queues, t.Queues-existing, t.Queues, existing, existing)
+	}
 	if err := t.Declare(conn); err != nil {
 		return err
 	}
@@ -124,16 +138,28 @@ Raises the queue count from QUEUE_COUNT to N without reordering any
 account's events (adr/0004): declares and binds the new queues, then waits
 until every old queue has been seen empty. Then run the replicas with
 QUEUE_COUNT=N. Lowering the count is a manual procedure, in adr/0004.
+
+  --to N              the new queue count, above QUEUE_COUNT, at most 1024
+  --drain-timeout D   how long to wait for every old queue to be seen empty
+                      (default 10m); when it passes, the command fails, the
+                      new queues stay declared and bound, and running it
+                      again with the same --to resumes the wait
 `
 
 func repartitionCommand(ctx context.Context, cfg config, args []string, stdout io.Writer) error {
 	fset := flag.NewFlagSet("repartition", flag.ContinueOnError)
-	fset.SetOutput(stdout)
-	fset.Usage = func() { fmt.Fprint(stdout, repartitionUsage) }
+	fset.SetOutput(io.Discard) // its errors come back with the usage
+	fset.Usage = func() {}
 	to := fset.Int("to", 0, "the new queue count")
 	timeout := fset.Duration("drain-timeout", 10*time.Minute, "how long to wait for the old queues")
-	if err := fset.Parse(args); err != nil {
-		return flagErr(err)
+	switch err := fset.Parse(args); {
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprint(stdout, repartitionUsage)
+		return nil
+	case err != nil:
+		return fmt.Errorf("repartition: %v\n\n%s", err, repartitionUsage)
+	case fset.NArg() > 0:
+		return fmt.Errorf("repartition takes no arguments, got %q\n\n%s", fset.Args(), repartitionUsage)
 	}
 	if *to <= cfg.QueueCount || *to > 1024 {
 		return fmt.Errorf("repartition: --to must be above QUEUE_COUNT=%d and at most 1024, got %d", cfg.QueueCount, *to)
@@ -243,7 +269,7 @@ func parseDLQ(args []string, help io.Writer) (dlqArgs, error) {
 	case a.limit < 0:
 		return a, usageErr(fmt.Sprintf("dlq replay: --limit must not be negative, got %d", a.limit))
 	case a.filter.Class != "" && !slices.Contains(dlq.Classes(), a.filter.Class):
-		return a, fmt.Errorf("dlq replay: no dead letter has --class %q; the classes are %s",
+		return a, fmt.Errorf("dlq replay: --class %q is not a class; the classes are %s",
 			a.filter.Class, strings.Join(dlq.Classes(), ", "))
 	}
 	return a, nil
@@ -260,7 +286,7 @@ func dlqCommand(cfg config, a dlqArgs, stdout io.Writer) error {
 	if a.cmd == "list" {
 		s, err := dlq.List(conn, cfg.Prefix, a.first)
 		if err != nil {
-			return err
+			return noDLQ(cfg, err)
 		}
 		printSummary(stdout, dlq.Queue(cfg.Prefix), s)
 		return nil
@@ -269,6 +295,7 @@ func dlqCommand(cfg config, a dlqArgs, stdout io.Writer) error {
 		a.filter.FailedAfter = time.Now().Add(-cfg.InboxTTL)
 	}
 	r, err := dlq.Replay(conn, cfg.Prefix, a.filter, a.limit, a.dryRun)
+	err = noDLQ(cfg, err)
 	verb := "replayed"
 	if a.dryRun {
 		verb = "would replay"
@@ -285,6 +312,17 @@ func dlqCommand(cfg config, a dlqArgs, stdout io.Writer) error {
 	}
 	printLetters(stdout, r.Replayed)
 	return err
+}
+
+// noDLQ explains the broker's 404 for the dead-letter queue: the topology
+// was never declared in this vhost, or under another prefix.
+func noDLQ(cfg config, err error) error {
+	var ae *amqp.Error
+	if !errors.As(err, &ae) || ae.Code != amqp.NotFound {
+		return err
+	}
+	return fmt.Errorf("no dead-letter queue %s in this vhost (the broker said: %s): check the vhost in AMQP_URL and TOPOLOGY_PREFIX (%q), "+
+		"or declare the topology with transferconsumer topology", dlq.Queue(cfg.Prefix), ae.Reason, cfg.Prefix)
 }
 
 func flagErr(err error) error {

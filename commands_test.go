@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"strings"
 	"testing"
 
@@ -65,8 +66,8 @@ func TestDLQRejectsWrongArgumentsBeforeConnecting(t *testing.T) {
 		{[]string{"dlq", "list", "-n", "many"}, []string{"dlq list:", `invalid value "many"`}, true},
 		{[]string{"dlq", "list", "-n", "-1"}, []string{"-n must not be negative"}, true},
 		{[]string{"dlq", "replay", "--limit", "-1"}, []string{"--limit must not be negative"}, true},
-		{[]string{"dlq", "replay", "--class", "bogus"}, append([]string{`--class "bogus"`}, dlq.Classes()...), false},
-		{[]string{"dlq", "replay", "--class", "Poison"}, []string{`--class "Poison"`}, false},
+		{[]string{"dlq", "replay", "--class", "bogus"}, append([]string{`--class "bogus" is not a class`}, dlq.Classes()...), false},
+		{[]string{"dlq", "replay", "--class", "Poison"}, []string{`--class "Poison" is not a class`}, false},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -137,5 +138,38 @@ func TestMigrateArgumentsNeedNoDatabase(t *testing.T) {
 	// case unquoted is quoted, and so kept.
 	if role, err := parseMigrate([]string{"--grant-to", "Svc Role"}, nil); err != nil || role != "Svc Role" {
 		t.Errorf("parseMigrate = %q, %v", role, err)
+	}
+}
+
+// repartition --help says what each flag does and its default.
+func TestRepartitionHelpSaysWhatTheDrainTimeoutDoes(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if err := run(t.Context(), []string{"repartition", "--help"}, &stdout, &stderr); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"--to N", "--drain-timeout D", "default 10m", "running it\n                      again"} {
+		if !strings.Contains(stdout.String(), strings.ReplaceAll(want, "\\n", "\n")) {
+			t.Errorf("repartition --help does not say %q:\n%s", want, stdout.String())
+		}
+	}
+}
+
+// repartition's wrong arguments are said with its usage, before it
+// connects anywhere.
+func TestRepartitionRejectsWrongArgumentsBeforeConnecting(t *testing.T) {
+	noBroker(t)
+	t.Setenv("QUEUE_COUNT", "8")
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"repartition", "--to"}, "repartition: flag needs an argument: -to"},
+		{[]string{"repartition", "--to", "12", "now"}, `repartition takes no arguments, got ["now"]`},
+		{[]string{"repartition", "--to", "4"}, "--to must be above QUEUE_COUNT=8"},
+	} {
+		err := run(t.Context(), tt.args, io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%v: %v, want it to say %q", tt.args, err, tt.want)
+		}
 	}
 }

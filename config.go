@@ -148,7 +148,7 @@ func (c config) validate() error {
 		return bad("BATCH_LINGER", "must be between 0 and 1s, got %s", c.BatchLinger)
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
-		return bad("LOG_LEVEL", "%v", err)
+		return bad("LOG_LEVEL", "must be debug, info, warn or error, got %q", c.LogLevel)
 	}
 	if c.LogFormat != "json" && c.LogFormat != "text" {
 		return bad("LOG_FORMAT", "must be json or text, got %q", c.LogFormat)

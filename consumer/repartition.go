@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -67,4 +68,28 @@ func (t Topology) Grow(ctx context.Context, conn *amqp.Connection, to int, progr
 	}
 	say("done: now run every replica with QUEUE_COUNT=%d", to)
 	return nil
+}
+
+// Existing counts the partition queues PREFIX.0, PREFIX.1, … that exist,
+// looking no further than t.Queues: 0 on a vhost without the topology,
+// t.Queues when it has at least as many as t names. It asks with passive
+// declares, one channel each, and stops at the first queue missing (the
+// broker logs that one as a channel error, once).
+func (t Topology) Existing(conn *amqp.Connection) (int, error) {
+	for i := 0; i < t.Queues; i++ {
+		ch, err := conn.Channel()
+		if err != nil {
+			return i, fmt.Errorf("open channel: %w", err)
+		}
+		_, err = ch.QueueDeclarePassive(t.Queue(i), true, false, false, false, nil)
+		ch.Close()
+		var ae *amqp.Error
+		switch {
+		case errors.As(err, &ae) && ae.Code == amqp.NotFound:
+			return i, nil
+		case err != nil:
+			return i, fmt.Errorf("look for %s: %w", t.Queue(i), err)
+		}
+	}
+	return t.Queues, nil
 }
