@@ -50,6 +50,10 @@ type config struct {
 	InboxTTL        time.Duration `envconfig:"INBOX_TTL" default:"720h" desc:"how long an applied eventId is remembered (adr/0003); older rows are pruned"`
 	PruneInterval   time.Duration `envconfig:"PRUNE_INTERVAL" default:"1m" desc:"how often retention runs (one replica at a time)"`
 	PruneBatch      int           `envconfig:"PRUNE_BATCH" default:"5000" desc:"inbox rows deleted per statement"`
+	ReconcileEvery  time.Duration `envconfig:"RECONCILE_INTERVAL" default:"1h" desc:"how often the service reconciles balances with transfers and looks for duplicate intents and stuck transitions (one replica at a time, adr/0007); 0 never"`
+	ReconcileWindow time.Duration `envconfig:"RECONCILE_WINDOW" default:"1h" desc:"two creations of one intent (same accounts, amount, currency) under different transferIds at most this far apart are a suspected duplicate"`
+	PendingAfter    time.Duration `envconfig:"RECONCILE_PENDING_AFTER" default:"1h" desc:"a transition waiting for its creation longer than this is reported"`
+	ReconcileDLQ    bool          `envconfig:"RECONCILE_DLQ" default:"false" desc:"the periodic reconciliation also counts dead letters older than INBOX_TTL (needs read on PREFIX.dlq, as dlq list)"`
 	LogLevel        string        `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	LogFormat       string        `envconfig:"LOG_FORMAT" default:"json" desc:"json or text"`
 }
@@ -138,6 +142,12 @@ func (c config) validate() error {
 		return bad("PRUNE_INTERVAL", "must be positive, got %s", c.PruneInterval)
 	case c.PruneBatch < 1 || c.PruneBatch > 100000:
 		return bad("PRUNE_BATCH", "must be between 1 and 100000, got %d", c.PruneBatch)
+	case c.ReconcileEvery < 0:
+		return bad("RECONCILE_INTERVAL", "must not be negative (0 turns it off), got %s", c.ReconcileEvery)
+	case c.ReconcileWindow <= 0:
+		return bad("RECONCILE_WINDOW", "must be positive, got %s", c.ReconcileWindow)
+	case c.PendingAfter <= 0:
+		return bad("RECONCILE_PENDING_AFTER", "must be positive, got %s", c.PendingAfter)
 	case c.DBMaxConns < 0:
 		return bad("DB_MAX_CONNS", "must not be negative, got %d", c.DBMaxConns)
 	case c.BatchMax < 1 || c.BatchMax > maxBatch:

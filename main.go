@@ -36,6 +36,9 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if found(err) {
+			os.Exit(exitFound) // reconcile: its report says what it found
+		}
 		fmt.Fprintln(os.Stderr, "error:", err)
 		os.Exit(1)
 	}
@@ -61,6 +64,8 @@ Commands:
   repartition --to N   add queues up to N without reordering accounts (see repartition --help)
   dlq list [flags]     count the dead letters by class and reason, show the first ones
   dlq replay [flags]   put dead letters back on the exchange (see dlq replay --help)
+  reconcile [flags]    prove every balance from the transfers, report suspected duplicate
+                       intents and stuck transitions; exit 3 when it finds any (see reconcile --help)
   help                 print this text
 
 `
@@ -74,15 +79,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usageText)
 		return printUsage(stdout)
-	case "run", "migrate", "topology", "prune", "repartition", "dlq":
+	case "run", "migrate", "topology", "prune", "repartition", "dlq", "reconcile":
 	default:
 		return fmt.Errorf("unknown command %q (try --help)", cmd)
 	}
-	if cmd != "dlq" && cmd != "repartition" && cmd != "migrate" && len(args) > 0 {
+	if cmd != "dlq" && cmd != "repartition" && cmd != "migrate" && cmd != "reconcile" && len(args) > 0 {
 		return fmt.Errorf("%s takes no arguments, got %q", cmd, args)
 	}
 	var dlqCmd dlqArgs
 	var grantTo string
+	var reconcileCmd reconcileArgs
 	// Before the configuration: help and a wrong flag need neither it nor
 	// the broker or the database.
 	switch cmd {
@@ -94,6 +100,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "migrate":
 		var err error
 		if grantTo, err = parseMigrate(args, stdout); err != nil {
+			return flagErr(err)
+		}
+	case "reconcile":
+		var err error
+		if reconcileCmd, err = parseReconcile(args, stdout); err != nil {
 			return flagErr(err)
 		}
 	}
@@ -122,6 +133,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return dlqCommand(cfg, dlqCmd, stdout)
 	case "repartition":
 		return repartitionCommand(ctx, cfg, args, stdout)
+	case "reconcile":
+		return reconcileCommand(ctx, cfg, migrations, reconcileCmd, stdout)
 	}
 	return serve(ctx, cfg, log, migrations)
 }
@@ -210,6 +223,8 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, migrations fs.FS) 
 
 	wg.Add(1)
 	go func() { defer wg.Done(); pruneLoop(jobs, database, cfg, m, log) }()
+	wg.Add(1)
+	go func() { defer wg.Done(); reconcileLoop(jobs, database, cfg, m, log) }()
 
 	if err := svc.Run(ctx); err != nil {
 		return fmt.Errorf("broker topology: %w", err)

@@ -23,6 +23,7 @@ type metrics struct {
 	batches    prometheus.Histogram
 	conflicts  prometheus.Counter
 	pruned     prometheus.Counter
+	reconcile  reconcileGauges // reconcile.go
 
 	// The series of the two common outcomes, resolved once rather than
 	// looked up by label for every event.
@@ -117,6 +118,9 @@ func newMetrics(h *health, cfg config) *metrics {
 				return age.Seconds()
 			}),
 	}
+	var reconciled []prometheus.Collector
+	m.reconcile, reconciled = newReconcileGauges(ns)
+	m.collectors = append(m.collectors, reconciled...)
 	m.registry.MustRegister(m.collectors...)
 	return m
 }
