@@ -145,7 +145,7 @@ func reconcile(ctx context.Context, database *sqlx.DB, cfg config, first int, ex
 	if err != nil || !rep.Ran {
 		return rep, err
 	}
-	rep.DeadLetters = deadLetters{Error: "not read"}
+	rep.DeadLetters = deadLetters{Error: "not read: RECONCILE_DLQ is false"}
 	if readDLQ {
 		rep.DeadLetters = readDeadLetters(cfg, first)
 	}
@@ -160,12 +160,12 @@ func reconcile(ctx context.Context, database *sqlx.DB, cfg config, first int, ex
 func readDeadLetters(cfg config, first int) deadLetters {
 	conn, err := dial(cfg, "reconcile")
 	if err != nil {
-		return deadLetters{Error: err.Error()}
+		return deadLetters{Error: "not read: " + err.Error()}
 	}
 	defer conn.Close()
 	s, err := dlq.List(conn, cfg.Prefix, math.MaxInt)
 	if err != nil {
-		return deadLetters{Error: err.Error()}
+		return deadLetters{Error: "not read: " + err.Error()}
 	}
 	d := deadLetters{Read: true, Total: s.Total}
 	cutoff := time.Now().Add(-cfg.InboxTTL)
