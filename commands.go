@@ -120,7 +120,8 @@ func topologyCommand(cfg config, stdout io.Writer) error {
 		// events still wait in the old ones.
 		return fmt.Errorf("topology: %d partition queues exist (%s … %s) and QUEUE_COUNT=%d would add %d more, "+
 			"moving accounts to new queues while their older events wait in the old ones; "+
-			"to raise the count, run transferconsumer repartition --to %d with QUEUE_COUNT=%d (adr/0004); "+
+			"to raise the count, or to declare again a last queue that was deleted, run "+
+			"transferconsumer repartition --to %d with QUEUE_COUNT=%d, which waits for the old queues to drain (adr/0004); "+
 			"otherwise set QUEUE_COUNT=%d",
 			existing, t.Queue(0), t.Queue(existing-1), t.Queues, t.Queues-existing, t.Queues, existing, existing)
 	}

@@ -218,13 +218,19 @@ func TestTopologyMadeByOthersWithAWrongArgumentIsSaid(t *testing.T) {
 	}
 
 	// The administrator puts it right; the service consumes, unrestarted.
+	// transfers.1 is the last partition queue: declaring it again binds it
+	// to the hash exchange and moves accounts to it, so topology refuses
+	// and names repartition, which waits for transfers.0 to drain first.
 	for _, q := range []string{"transfers.1", "transfers.dlq"} {
 		if _, err := amqpDelete(e, q); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if out, err := runCommand(t, e.commandEnv(2), "topology"); err != nil {
-		t.Fatalf("topology as the administrator: %v\n%s", err, out)
+	if out, err := runCommand(t, e.commandEnv(2), "topology"); err == nil || !strings.Contains(out, "repartition --to 2") {
+		t.Fatalf("topology as the administrator, transfers.1 missing: %v, want a refusal naming repartition\n%s", err, out)
+	}
+	if out, err := runCommand(t, e.commandEnv(1), "repartition", "--to", "2"); err != nil {
+		t.Fatalf("repartition as the administrator: %v\n%s", err, out)
 	}
 	waitFor(t, 60*time.Second, "ready, consuming both queues", func() bool {
 		return getJSON(t, base+"/readyz", &ready) == 200
