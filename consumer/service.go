@@ -16,8 +16,6 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/trace"
-
-	"transferconsumer/dlq"
 )
 
 // Applier applies one event in one local transaction, inbox claim and
@@ -98,7 +96,10 @@ type Config struct {
 	// consumed. nil: the arguments are not checked, and the service says
 	// so once.
 	Management *Management
-	Instance   string // connection name, consumer tags, dead-letter headers
+	// LookEvery is how often a session reads the DLQ's depth and looks for
+	// partition queues beyond Topology.Queues; 0: every 10 s.
+	LookEvery time.Duration
+	Instance  string // connection name, consumer tags, dead-letter headers
 	// ReplicaIndex of ReplicaCount: with more than one replica, each consumes
 	// the queues i with i % ReplicaCount == ReplicaIndex at a higher consumer
 	// priority, so that brokers whose single active consumer honours
@@ -403,11 +404,11 @@ func (s *Service) session(stop, work context.Context) error {
 	wg.Add(1)
 	go func() { defer wg.Done(); s.drainLoop(session, letters) }()
 
-	look := time.NewTicker(lookEvery)
+	look := time.NewTicker(s.lookInterval())
 	defer look.Stop()
 	var result error
-	for result == nil && stop.Err() == nil {
-		s.look(conn)
+	for first := true; result == nil && stop.Err() == nil; first = false {
+		s.look(stop, conn, urls[used], first)
 		select {
 		case <-stop.Done():
 		case e := <-closed:
@@ -458,45 +459,10 @@ func (s *Service) waitWorkers(wg *sync.WaitGroup, work context.Context) {
 	}
 }
 
-// lookEvery is how often a session reads the DLQ's depth and looks for
-// partition queues it does not consume.
+// lookEvery is how often, unless Config.LookEvery says otherwise, a
+// session reads the DLQ's depth and looks for partition queues it does not
+// consume, and the outbox is drained.
 const lookEvery = 10 * time.Second
-
-// look reads, on a channel of its own, the dead-letter queue's depth and
-// which partition queues numbered QUEUE_COUNT and up exist (a passive
-// declare each, until one does not: that closes the channel). Queues found
-// there hold messages this instance never takes, such as after a
-// repartition that this instance was not rolled for: it says so once per
-// change, as a warning.
-func (s *Service) look(conn *amqp.Connection) {
-	ch, err := conn.Channel()
-	if err != nil {
-		return
-	}
-	defer ch.Close()
-	t := s.cfg.Topology
-	q, err := ch.QueueDeclarePassive(dlq.Queue(t.Prefix), true, false, false, false, nil)
-	if err != nil {
-		return // the channel is closed now
-	}
-	s.dlqDepth.Store(int64(q.Messages))
-	var extra []string
-	for i := t.Queues; i < maxQueues; i++ {
-		if _, err := ch.QueueDeclarePassive(t.Queue(i), true, false, false, false, nil); err != nil {
-			break
-		}
-		extra = append(extra, t.Queue(i))
-	}
-	if before := s.extra.Swap(&extra); before == nil || !slices.Equal(*before, extra) {
-		if len(extra) > 0 {
-			s.log.Warn("partition queues exist beyond QUEUE_COUNT: their messages are not consumed by this instance",
-				"queues", extra, "queue_count", t.Queues,
-				"hint", "set QUEUE_COUNT to the number of queues bound to the exchange (see adr/0004 on repartitioning)")
-		} else if before != nil && len(*before) > 0 {
-			s.log.Info("no partition queues beyond QUEUE_COUNT any more")
-		}
-	}
-}
 
 // maxQueues bounds the look for queues beyond QUEUE_COUNT (the largest
 // count the configuration accepts).

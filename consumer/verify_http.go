@@ -2,15 +2,12 @@ package consumer
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
 	"strings"
 	"time"
-
-	amqp "github.com/rabbitmq/amqp091-go"
 
 	"transferconsumer/dlq"
 )
@@ -35,22 +32,10 @@ type Management struct {
 // API could not answer; it never holds a password.
 func (m *Management) Observe(ctx context.Context, brokerURL string, t Topology, version string) (Observed, error) {
 	obs := Observed{Version: version, Queues: map[string][]byte{}, Exchanges: map[string][]byte{}}
-	uri, err := amqp.ParseURI(brokerURL)
+	base, user, password, vhost, err := m.target(brokerURL)
 	if err != nil {
-		return obs, errors.New("the broker URL does not parse")
+		return obs, err
 	}
-	base := m.URL
-	if m.URLFunc != nil {
-		if base, err = m.URLFunc(); err != nil {
-			return obs, err
-		}
-	}
-	user, password := uri.Username, uri.Password
-	if base.User != nil {
-		user = base.User.Username()
-		password, _ = base.User.Password()
-	}
-	vhost := url.PathEscape(uri.Vhost)
 	get := func(kind, name, suffix string) ([]byte, error) {
 		return m.get(ctx, base, user, password, "/api/"+kind+"/"+vhost+"/"+url.PathEscape(name)+suffix)
 	}

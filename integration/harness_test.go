@@ -219,6 +219,11 @@ func (e *env) startWith(queues int, app consumer.Applier, configure func(*consum
 			s.retrying.Store(r.Queue, true)
 		},
 	}
+	if mgmt, err := url.Parse(e.b.managementURL); err == nil {
+		// The broker's state through the management API, as an estate
+		// would run the service.
+		cfg.Management = &consumer.Management{URL: mgmt}
+	}
 	if configure != nil {
 		configure(&cfg)
 	}

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -119,14 +120,19 @@ func restartBroker(t *testing.T, ctl brokerCtl) {
 }
 
 // serviceEnv is the environment of a service process consuming e's vhost
-// and database.
+// and database. It reads the broker's state through the management API, as
+// an estate would run it, unless extra names MANAGEMENT_URL(_FILE) itself.
 func (e *env) serviceEnv(queues int, extra ...string) []string {
-	return append([]string{
+	base := []string{
 		"AMQP_URL=" + e.amqpURL, "DATABASE_URL=" + e.dbURL, fmt.Sprintf("QUEUE_COUNT=%d", queues),
 		fmt.Sprintf("DELIVERY_LIMIT=%d", e.limit), "HTTP_ADDR=127.0.0.1:0",
 		"RETRY_MIN=20ms", "RETRY_MAX=500ms", "RECONNECT_MIN=50ms", "RECONNECT_MAX=2s",
 		fmt.Sprintf("BATCH_MAX=%d", batchMax()),
-	}, extra...)
+	}
+	if !slices.ContainsFunc(extra, func(kv string) bool { return strings.HasPrefix(kv, "MANAGEMENT_URL") }) {
+		base = append(base, "MANAGEMENT_URL="+e.b.managementURL)
+	}
+	return append(base, extra...)
 }
 
 // SIGTERM under steady load: the service exits 0 within the timeout,
