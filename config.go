@@ -29,7 +29,7 @@ type config struct {
 	Prefix          string        `envconfig:"TOPOLOGY_PREFIX" default:"transfers" desc:"name of the hash exchange and prefix of the queues, PREFIX.dlx and PREFIX.dlq"`
 	DeliveryLimit   int           `envconfig:"DELIVERY_LIMIT" default:"10" desc:"quorum x-delivery-limit: returns of a message before the broker dead-letters it (so at most N+1 deliveries)"`
 	DeclareTopology bool          `envconfig:"DECLARE_TOPOLOGY" default:"true" desc:"declare exchanges, queues and bindings on every connect"`
-	ManagementURL   string        `envconfig:"MANAGEMENT_URL" desc:"RabbitMQ management API (http[s]://[user:password@]host:port), read with DECLARE_TOPOLOGY=false to check the arguments of the topology made by others; without credentials, AMQP_URL's are used; the user needs the management tag"`
+	ManagementURL   string        `envconfig:"MANAGEMENT_URL" desc:"RabbitMQ management API (http[s]://[user:password@]host:port), read with DECLARE_TOPOLOGY=false to check the arguments of the topology made by others, and every 10 s for the DLQ's depth and queues beyond QUEUE_COUNT; without credentials, AMQP_URL's are used; the user needs the management tag"`
 	MgmtURLFile     string        `envconfig:"MANAGEMENT_URL_FILE" desc:"file holding MANAGEMENT_URL's value, read again at each check; not with MANAGEMENT_URL"`
 	InstanceName    string        `envconfig:"INSTANCE_NAME" desc:"name in connection names, consumer tags and dead-letter headers (default HOSTNAME-PID)"`
 	ReplicaIndex    int           `envconfig:"REPLICA_INDEX" default:"0" desc:"this replica's number, 0..REPLICA_COUNT-1: it prefers queues i with i % REPLICA_COUNT == REPLICA_INDEX (honoured by RabbitMQ 4.x, adr/0004)"`
