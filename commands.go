@@ -191,6 +191,8 @@ const dlqUsage = `Usage:
   transferconsumer dlq list [-n N]
   transferconsumer dlq replay [--class C] [--reason TEXT] [--event-id ID] [--limit N] [--dry-run]
                               [--include-older-than-ttl]
+  transferconsumer dlq drop --record FILE [--class C] [--reason TEXT] [--event-id ID] [--limit N]
+                            [--yes] [--dry-run]
   transferconsumer dlq help
 
 list shows how many dead letters there are by class and reason, and the first
@@ -199,10 +201,21 @@ routing key, each removed from the DLQ only after the broker confirmed it.
 Replaying an event that was already applied changes nothing, within the inbox
 retention (INBOX_TTL): letters that failed longer ago, and letters that show
 no failure time at all, are left alone unless --include-older-than-ttl is
-given.
+given. So are poison and producer-conflict letters, which cannot apply again
+(the same body fails the same way; the event id was applied with other
+content), unless --class names their class.
 
-Each run reads at most as many letters as the DLQ held when it started;
-letters that arrive meanwhile wait for the next run. replay marks the letters
+drop removes the matching letters for good. It writes each one (body, headers
+and properties) as a line of JSON to the --record file, appended and synced,
+or to stdout with --record -, and removes a letter only once its record is
+written. --record is required, but with --dry-run, which records and removes
+nothing. drop shows the letters it would drop and asks to confirm on the
+terminal (yes or y), then drops at most as many as it showed; --yes drops
+without asking. Without a terminal it refuses unless --yes is given.
+
+Each run of list, replay or drop reads at most as many letters as the DLQ held
+when it started; letters that arrive meanwhile wait for the next run, and
+letters it leaves go back to the DLQ. replay marks the letters
 it puts back with the run's id (header x-replay-run) and never replays one
 that carries it: a letter that fails again at once is back in the DLQ when the
 run ends, replayed once. Run replay again to retry it.
@@ -216,12 +229,14 @@ unknown, a letter with neither.
 
 // dlqArgs is a parsed dlq command line.
 type dlqArgs struct {
-	cmd        string // list or replay
+	cmd        string // list, replay or drop
 	first      int    // list: how many letters to show
 	filter     dlq.Filter
 	limit      int
 	dryRun     bool
-	includeOld bool // replay letters older than INBOX_TTL too
+	includeOld bool   // replay letters older than INBOX_TTL too
+	record     string // drop: the file each letter is written to first, "-" for stdout
+	yes        bool   // drop without asking
 }
 
 // parseDLQ parses the arguments of dlq; it needs neither the configuration
@@ -231,7 +246,7 @@ type dlqArgs struct {
 func parseDLQ(args []string, help io.Writer) (dlqArgs, error) {
 	var a dlqArgs
 	if len(args) == 0 {
-		return a, usageErr("dlq needs list or replay")
+		return a, usageErr("dlq needs list, replay or drop")
 	}
 	a.cmd = args[0]
 	fset := flag.NewFlagSet("dlq "+a.cmd, flag.ContinueOnError)
@@ -243,12 +258,21 @@ func parseDLQ(args []string, help io.Writer) (dlqArgs, error) {
 		return a, flag.ErrHelp
 	case "list":
 		fset.IntVar(&a.first, "n", 20, "how many dead letters to show")
-	case "replay":
+	case "replay", "drop":
 		fset.StringVar(&a.filter.Class, "class", "", "only this failure class (see Classes above)")
 		fset.StringVar(&a.filter.Reason, "reason", "", "only letters whose reason contains this text")
 		fset.StringVar(&a.filter.EventID, "event-id", "", "only this event")
-		fset.IntVar(&a.limit, "limit", 0, "replay at most this many (0: all that match)")
-		fset.BoolVar(&a.dryRun, "dry-run", false, "show what would be replayed; change nothing")
+		fset.IntVar(&a.limit, "limit", 0, a.cmd+" at most this many (0: all that match)")
+		done := "replayed"
+		if a.cmd == "drop" {
+			done = "dropped"
+		}
+		fset.BoolVar(&a.dryRun, "dry-run", false, "show what would be "+done+"; change nothing")
+		if a.cmd == "drop" {
+			fset.StringVar(&a.record, "record", "", "append each letter to this file before removing it (- for stdout); required but with --dry-run")
+			fset.BoolVar(&a.yes, "yes", false, "drop without asking to confirm")
+			break
+		}
 		fset.BoolVar(&a.includeOld, "include-older-than-ttl", false,
 			"also replay letters that failed longer than INBOX_TTL ago (the inbox may no longer know them)")
 	default:
@@ -268,17 +292,23 @@ func parseDLQ(args []string, help io.Writer) (dlqArgs, error) {
 	case a.first < 0:
 		return a, usageErr(fmt.Sprintf("dlq list: -n must not be negative, got %d", a.first))
 	case a.limit < 0:
-		return a, usageErr(fmt.Sprintf("dlq replay: --limit must not be negative, got %d", a.limit))
+		return a, usageErr(fmt.Sprintf("dlq %s: --limit must not be negative, got %d", a.cmd, a.limit))
 	case a.filter.Class != "" && !slices.Contains(dlq.Classes(), a.filter.Class):
-		return a, fmt.Errorf("dlq replay: --class %q is not a class; the classes are %s",
-			a.filter.Class, strings.Join(dlq.Classes(), ", "))
+		return a, fmt.Errorf("dlq %s: --class %q is not a class; the classes are %s",
+			a.cmd, a.filter.Class, strings.Join(dlq.Classes(), ", "))
+	case a.cmd == "drop" && !a.dryRun && a.record == "":
+		return a, usageErr("dlq drop: --record FILE is required: each letter is written there before it is removed " +
+			"(--record - writes to stdout; --dry-run needs none)")
 	}
 	return a, nil
 }
 
 func usageErr(msg string) error { return fmt.Errorf("%s\n\n%s", msg, dlqUsage) }
 
-func dlqCommand(cfg config, a dlqArgs, stdout io.Writer) error {
+func dlqCommand(cfg config, a dlqArgs, stdin io.Reader, stdout, stderr io.Writer) error {
+	if a.cmd == "drop" {
+		return dropCommand(cfg, a, stdin, stdout, stderr)
+	}
 	conn, err := dial(cfg, "dlq-"+a.cmd)
 	if err != nil {
 		return err
@@ -310,6 +340,17 @@ func dlqCommand(cfg config, a dlqArgs, stdout io.Writer) error {
 	if r.TooOld+r.Undated > 0 {
 		fmt.Fprintf(stdout, "left alone: %d that failed longer ago than INBOX_TTL, %d that show no failure time (--include-older-than-ttl replays them)\n",
 			r.TooOld, r.Undated)
+	}
+	if len(r.Unreplayable) > 0 {
+		var counts, names []string
+		for _, class := range dlq.Classes() {
+			if n := r.Unreplayable[class]; n > 0 {
+				counts = append(counts, fmt.Sprintf("%d %s", n, class))
+				names = append(names, "--class "+class)
+			}
+		}
+		fmt.Fprintf(stdout, "left alone: %s, which cannot apply again (name %s to replay them)\n",
+			strings.Join(counts, ", "), strings.Join(names, " or "))
 	}
 	printLetters(stdout, r.Replayed)
 	return err

@@ -30,6 +30,7 @@ func TestDLQHelpNeedsNoBroker(t *testing.T) {
 		{[]string{"dlq", "list", "-h"}, true},
 		{[]string{"dlq", "replay", "--help"}, true},
 		{[]string{"dlq", "replay", "--class", "poison", "-h"}, true},
+		{[]string{"dlq", "drop", "--help"}, true},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
@@ -58,7 +59,7 @@ func TestDLQRejectsWrongArgumentsBeforeConnecting(t *testing.T) {
 		want  []string
 		usage bool
 	}{
-		{[]string{"dlq"}, []string{"dlq needs list or replay"}, true},
+		{[]string{"dlq"}, []string{"dlq needs list, replay or drop"}, true},
 		{[]string{"dlq", "frobnicate"}, []string{`unknown dlq command "frobnicate"`}, true},
 		{[]string{"dlq", "list", "extra"}, []string{`dlq list takes no arguments, got ["extra"]`}, true},
 		{[]string{"dlq", "replay", "--dry-run", "poison"}, []string{"dlq replay takes no arguments"}, true},
@@ -68,6 +69,15 @@ func TestDLQRejectsWrongArgumentsBeforeConnecting(t *testing.T) {
 		{[]string{"dlq", "replay", "--limit", "-1"}, []string{"--limit must not be negative"}, true},
 		{[]string{"dlq", "replay", "--class", "bogus"}, append([]string{`--class "bogus" is not a class`}, dlq.Classes()...), false},
 		{[]string{"dlq", "replay", "--class", "Poison"}, []string{`--class "Poison" is not a class`}, false},
+		{[]string{"dlq", "drop"}, []string{"dlq drop: --record FILE is required", "--record - writes to stdout"}, true},
+		{[]string{"dlq", "drop", "--yes", "--class", "poison"}, []string{"--record FILE is required"}, true},
+		{[]string{"dlq", "drop", "--record"}, []string{"dlq drop: flag needs an argument: -record"}, true},
+		{[]string{"dlq", "drop", "--record", "r.jsonl", "poison"}, []string{"dlq drop takes no arguments"}, true},
+		{[]string{"dlq", "drop", "--record", "r.jsonl", "--limit", "-2"}, []string{"dlq drop: --limit must not be negative"}, true},
+		{[]string{"dlq", "drop", "--record", "r.jsonl", "--class", "bogus"},
+			append([]string{`dlq drop: --class "bogus" is not a class`}, dlq.Classes()...), false},
+		{[]string{"dlq", "drop", "--dry-run", "--include-older-than-ttl"},
+			[]string{"dlq drop: flag provided but not defined: -include-older-than-ttl"}, true},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

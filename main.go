@@ -64,6 +64,7 @@ Commands:
   repartition --to N   add queues up to N without reordering accounts (see repartition --help)
   dlq list [flags]     count the dead letters by class and reason, show the first ones
   dlq replay [flags]   put dead letters back on the exchange (see dlq replay --help)
+  dlq drop [flags]     remove dead letters for good, each written to a record first (see dlq drop --help)
   reconcile [flags]    prove every balance from the transfers, report suspected duplicate
                        intents and stuck transitions; exit 3 when it finds any (see reconcile --help)
   help                 print this text
@@ -130,7 +131,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "prune":
 		return pruneCommand(ctx, cfg, stdout)
 	case "dlq":
-		return dlqCommand(cfg, dlqCmd, stdout)
+		return dlqCommand(cfg, dlqCmd, os.Stdin, stdout, stderr)
 	case "repartition":
 		return repartitionCommand(ctx, cfg, args, stdout)
 	case "reconcile":

@@ -21,7 +21,7 @@ func TestReplayGuardJudgesEveryLetterByTheBestTimeItHas(t *testing.T) {
 			"exchange": "transfers", "routing-keys": []any{"acc_00001"}}
 	}
 	service := func(h amqp.Table) amqp.Table {
-		h[HeaderClass], h[HeaderReason], h[HeaderOriginalKey] = "poison", "bad", "acc_00001"
+		h[HeaderClass], h[HeaderReason], h[HeaderOriginalKey] = "data-rejected", "bad", "acc_00001"
 		return h
 	}
 	tests := []struct {

@@ -117,6 +117,19 @@ func Classes() []string {
 	}
 }
 
+// Unreplayable reports whether a letter of class cannot apply however often
+// it is replayed: a poison message fails the same way on the same body, and
+// a producer conflict's eventId was applied with other content, which the
+// inbox finds again (and once the inbox has forgotten it, a replay would
+// apply a second transfer under one id). Replay leaves them alone unless its
+// filter names their class. Data the database rejects may apply after a fix
+// of the schema or the code, an invalid transition once the transfer it
+// moves arrives, a panic after a fix, and the broker's own dead letters
+// (delivery_limit, rejected) and unknown ones are not judged by their body.
+func Unreplayable(class string) bool {
+	return class == "poison" || class == "producer-conflict"
+}
+
 // Filter selects dead letters. Empty fields match everything.
 type Filter struct {
 	Class   string // exact

@@ -69,6 +69,10 @@ type ReplayReport struct {
 	// Letters the filter selected that its FailedAfter left in the DLQ:
 	// TooOld had failed before it, Undated show no time at all.
 	TooOld, Undated int
+	// Unreplayable counts, by class, the letters the filter selected and
+	// left in the DLQ because their class cannot apply again (see
+	// Unreplayable) and the filter did not name it.
+	Unreplayable map[string]int
 }
 
 // Replay publishes the dead letters that match f back to the topology's
@@ -78,7 +82,9 @@ type ReplayReport struct {
 // replayed and still in the DLQ, and the inbox makes a second replay
 // harmless. With dryRun it publishes nothing and removes nothing. f's
 // FailedAfter (the inbox retention's guard) leaves alone, and counts, the
-// letters that failed before it and those that show no time at all.
+// letters that failed before it and those that show no time at all. Letters
+// of a class that cannot apply again (poison, producer-conflict) are left
+// alone and counted too, unless f.Class names that class.
 //
 // A run ends: it scans no more letters than the DLQ held when it started,
 // and it never replays a letter that it put back itself and that failed
@@ -119,13 +125,23 @@ func Replay(conn *amqp.Connection, prefix string, f Filter, limit int, dryRun bo
 }
 
 // judge reports whether run r should replay d, and counts in r a letter
-// that f selects but for its FailedAfter.
+// that f selects but for its FailedAfter, or of a class that cannot apply
+// again that f does not name.
 func (r *ReplayReport) judge(d amqp.Delivery, l Letter, f Filter) bool {
+	unguarded := f
+	unguarded.FailedAfter = time.Time{}
+	if f.Class == "" && Unreplayable(l.Class) {
+		if replayable(d, l, unguarded, r.Run) {
+			if r.Unreplayable == nil {
+				r.Unreplayable = map[string]int{}
+			}
+			r.Unreplayable[l.Class]++
+		}
+		return false
+	}
 	if replayable(d, l, f, r.Run) {
 		return true
 	}
-	unguarded := f
-	unguarded.FailedAfter = time.Time{}
 	if replayable(d, l, unguarded, r.Run) {
 		if l.since().IsZero() {
 			r.Undated++
