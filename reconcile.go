@@ -55,10 +55,9 @@ func found(err error) bool {
 
 // reconcileArgs is a parsed reconcile command line.
 type reconcileArgs struct {
-	json     bool
-	first    int    // findings of each kind shown
-	dlqRead  string // read, skip or require
-	snapshot db.ReconcileOptions
+	json    bool
+	first   int    // findings of each kind shown
+	dlqRead string // read, skip or require
 }
 
 func parseReconcile(args []string, help io.Writer) (reconcileArgs, error) {
