@@ -246,7 +246,10 @@ func reconcileLoop(ctx context.Context, database *sqlx.DB, cfg config, m *metric
 		case <-time.After(wait):
 		}
 		wait = cfg.ReconcileEvery
-		run, cancel := context.WithTimeout(ctx, cfg.ReconcileEvery)
+		// A bound, so that a pass on an overloaded server cannot hold
+		// its snapshot (and vacuum's horizon with it) for ever; never
+		// tighter than ten minutes, whatever a short interval says.
+		run, cancel := context.WithTimeout(ctx, max(cfg.ReconcileEvery, 10*time.Minute))
 		rep, err := reconcile(run, database, cfg, logFirst, true, cfg.ReconcileDLQ)
 		cancel()
 		switch {
