@@ -215,10 +215,10 @@ without asking. Without a terminal it refuses unless --yes is given.
 
 Each run of list, replay or drop reads at most as many letters as the DLQ held
 when it started; letters that arrive meanwhile wait for the next run, and
-letters it leaves go back to the DLQ. replay marks the letters
-it puts back with the run's id (header x-replay-run) and never replays one
-that carries it: a letter that fails again at once is back in the DLQ when the
-run ends, replayed once. Run replay again to retry it.
+letters it leaves go back to the DLQ. replay marks the letters it puts back
+with the run's id (header x-replay-run) and never replays one that carries it:
+a letter that fails again at once is back in the DLQ when the run ends,
+replayed once. Run replay again to retry it.
 
 Classes (--class): poison, producer-conflict, invalid-transition,
 data-rejected and panic (an event whose handling panicked three times),
