@@ -59,6 +59,8 @@ func main() {
 	callgrind := flag.String("callgrind", "", "run the consumers under valgrind's callgrind and report their user-space instructions per event, writing the counts into this directory (slow; use few events)")
 	profiles := flag.String("cpuprofile", "", "write CPU profiles of every subject into this directory (slows them: not for the table)")
 	report := flag.String("report", "", "print the table and write the plot of an earlier run's results (its -out file), measuring nothing")
+	reconcileRows := flag.Int("reconcile", 0, "instead, load this many transfers of history and time reconcile on it, idle and while the service drains -events at the first of -queues (reconcile.go)")
+	phase := flag.Duration("phase", 15*time.Second, "with -reconcile: how long the service's rate is measured before, during and after the passes")
 	flag.Parse()
 	if *report != "" {
 		results, err := readJSON(*report)
@@ -82,6 +84,17 @@ func main() {
 	h, err := newHarness(*events, accountsFor(), *baseline)
 	if err != nil {
 		fail(err)
+	}
+	if *reconcileRows > 0 {
+		defer h.close()
+		if *out == "bench-results.json" {
+			*out = "bench-reconcile.json"
+		}
+		if err := h.runReconcileMeasure(*reconcileRows, qs[0], *phase, *out); err != nil {
+			h.close()
+			fail(err)
+		}
+		return
 	}
 	h.batch, h.baselineBatch, h.steadyRate = *batch, max(*baselineBatch, 1), *steady
 	defer h.close()
