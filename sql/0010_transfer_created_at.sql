@@ -15,12 +15,12 @@
 -- The index serves reconcile's search for repeated intents: it walks the
 -- index in intent order, then time, comparing each creation with the one
 -- before it, without sorting the table. It holds no column a transition
--- changes (state, updated_at), so a completion or failure stays a HOT
--- update that writes no index.
+-- changes (state, updated_at), so a completion or failure writes no entry
+-- in it.
 --
 -- The whole file runs in the migrator's transaction: the transfer table is
--- locked against the service while its rows are rewritten, about two
--- seconds per million rows here (BENCHMARKS.md).
+-- locked against the service while its rows are rewritten, about 13 s
+-- per million rows here (BENCHMARKS.md).
 --
 -- Written to run again harmlessly.
 
