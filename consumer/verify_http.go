@@ -70,6 +70,9 @@ func (m *Management) get(ctx context.Context, api *url.URL, user, password, path
 		return nil, fmt.Errorf("management API: %w", err)
 	}
 	req.SetBasicAuth(user, password)
+	// A few requests every 10 s at most: no connection is kept between
+	// them, so none outlives the service's session.
+	req.Close = true
 	client := m.Client
 	if client == nil {
 		client = &http.Client{Timeout: 10 * time.Second}
