@@ -45,11 +45,6 @@ type Reconciliation struct {
 	WaitCount  int
 }
 
-// Clean reports whether the snapshot showed nothing to look into.
-func (r Reconciliation) Clean() bool {
-	return r.DriftCount == 0 && r.DupCount == 0 && r.WaitCount == 0
-}
-
 // Drift is an account whose balance is not the net of its transfers.
 type Drift struct {
 	Account  string `json:"account" db:"account"`
