@@ -93,6 +93,22 @@ func (e *env) reconcileJSON(t *testing.T, args ...string) (reconcileReport, int)
 	return r, code
 }
 
+// reconcileStream is lifecycleStream of transfers among accounts of e's
+// own, and how many distinct events it holds. No two of its transfers
+// share an intent: an intent repeats only after 997 × accounts transfers.
+func (e *env) reconcileStream(transfers, accounts int) ([]transfer, int) {
+	var names []string
+	for i := range accounts {
+		names = append(names, fmt.Sprintf("acc_%02d_%s", i, e.name))
+	}
+	events := lifecycleStream(transfers, names)
+	unique := map[string]bool{}
+	for _, ev := range events {
+		unique[ev.EventID] = true
+	}
+	return events, len(unique)
+}
+
 // A lifecycle stream with duplicates, transitions before their creations
 // and contradictions, applied by a service that is SIGKILLed halfway and
 // started again: reconcile finds nothing (exit 0), and reads the DLQ, whose
@@ -100,15 +116,7 @@ func (e *env) reconcileJSON(t *testing.T, args ...string) (reconcileReport, int)
 func TestReconcileCleanAfterLifecycleWithCrashesAndContradictions(t *testing.T) {
 	e := newEnv(t)
 	e.declare(2)
-	var accounts []string
-	for i := range 8 {
-		accounts = append(accounts, fmt.Sprintf("acc_%d_%s", i, e.name))
-	}
-	events := lifecycleStream(300, accounts)
-	unique := map[string]bool{}
-	for _, ev := range events {
-		unique[ev.EventID] = true
-	}
+	events, unique := e.reconcileStream(300, 8)
 	// Two contradictions, published after the events they contradict (on
 	// the same queue, since the key is fromAccount): a failure of a
 	// completed transfer, and a second creation of a transfer under
@@ -128,10 +136,10 @@ func TestReconcileCleanAfterLifecycleWithCrashesAndContradictions(t *testing.T) 
 		t.Fatal(err)
 	}
 	proc := startProcess(t, e.serviceEnv(2, "INSTANCE_NAME="+e.name+"-a"))
-	waitFor(t, 60*time.Second, "a third applied", func() bool { return e.inboxCount() >= len(unique)/3 })
+	waitFor(t, 60*time.Second, "a third applied", func() bool { return e.inboxCount() >= unique/3 })
 	proc.stop(syscall.SIGKILL, 10*time.Second)
 	proc = startProcess(t, e.serviceEnv(2, "INSTANCE_NAME="+e.name+"-b"))
-	waitFor(t, 60*time.Second, "every event applied", func() bool { return e.inboxCount() == len(unique) })
+	waitFor(t, 60*time.Second, "every event applied", func() bool { return e.inboxCount() == unique })
 	waitFor(t, 30*time.Second, "the two contradictions dead-lettered", func() bool { return len(e.peekDLQ()) == 2 })
 	if err := proc.stop(syscall.SIGTERM, 30*time.Second); err != nil {
 		t.Errorf("exit after SIGTERM: %v", err)
@@ -277,15 +285,7 @@ func TestReconcileNamesATransitionWaitingForACreationThatNeverCame(t *testing.T)
 func TestReconcileSeesNoDriftWhileAStreamIsApplied(t *testing.T) {
 	e := newEnv(t)
 	e.declare(4)
-	var accounts []string
-	for i := range 20 {
-		accounts = append(accounts, fmt.Sprintf("acc_%02d_%s", i, e.name))
-	}
-	events := lifecycleStream(1500, accounts)
-	unique := map[string]bool{}
-	for _, ev := range events {
-		unique[ev.EventID] = true
-	}
+	events, unique := e.reconcileStream(1500, 20)
 	proc := startProcess(t, e.serviceEnv(4, "INSTANCE_NAME="+e.name+"-svc", "RECONCILE_INTERVAL=200ms"))
 	proc.waitConsuming(1)
 	var published atomic.Int64
@@ -297,9 +297,9 @@ func TestReconcileSeesNoDriftWhileAStreamIsApplied(t *testing.T) {
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	deadline := time.Now().Add(90 * time.Second)
-	for applied := 0; applied < len(unique); <-tick.C {
+	for applied := 0; applied < unique; <-tick.C {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out with %d of %d events applied", applied, len(unique))
+			t.Fatalf("timed out with %d of %d events applied", applied, unique)
 		}
 		applied = e.inboxCount()
 		r, err := db.Reconcile(context.Background(), e.db, opts)
@@ -307,7 +307,7 @@ func TestReconcileSeesNoDriftWhileAStreamIsApplied(t *testing.T) {
 			t.Fatal(err)
 		}
 		passes++
-		if applied > 0 && applied < len(unique) {
+		if applied > 0 && applied < unique {
 			during++
 		}
 		if r.DriftCount != 0 || r.DupCount != 0 {
