@@ -34,7 +34,8 @@ LIMIT greatest($1::int, 1)`
 // duplicateQuery finds creations that repeat the intent of the one before
 // them (the same accounts, amount and currency, another transferId) within
 // the window $2, among transfers that moved money: a failed one gave its
-// amount back, and a retry after a failure is no duplicate.
+// amount back, and a retry after a failure is no duplicate. A creation a
+// person dismissed (reconcile_dismissed) is not reported again.
 //
 // First the intents that have two creations of any state within the
 // window, walking the transfer_intent index in its order (an index-only
@@ -60,6 +61,7 @@ WITH candidate AS (
 SELECT *, count(*) OVER () AS total
 FROM pair
 WHERE created_at - earlier_created_at <= $2::interval
+  AND NOT EXISTS (SELECT 1 FROM reconcile_dismissed d WHERE d.transfer_id = pair.transfer_id)
 ORDER BY created_at, transfer_id
 LIMIT greatest($1::int, 1)`
 

@@ -220,7 +220,8 @@ func TestReconcileNamesABalanceChangedBehindTheServicesBack(t *testing.T) {
 
 // Two creations of one intent under different transferIds, moments apart,
 // are named; the same intent when it failed (a retry after a failure),
-// created outside the window, or with another amount, is not.
+// created outside the window, or with another amount, is not; nor is the
+// pair once a person dismissed it.
 func TestReconcileNamesTwoCreationsOfOneIntent(t *testing.T) {
 	e := newEnv(t)
 	a, b := "acc_a_"+e.name, "acc_b_"+e.name
@@ -247,6 +248,11 @@ func TestReconcileNamesTwoCreationsOfOneIntent(t *testing.T) {
 	out, _ := e.reconcile(t, "--skip-dlq")
 	if !strings.Contains(out, second.Data.TransferID) || !strings.Contains(out, "1 suspected") {
 		t.Errorf("the text does not name the duplicate:\n%s", out)
+	}
+	// A person finds the customer meant both, and dismisses it.
+	e.db.MustExec(`INSERT INTO reconcile_dismissed (transfer_id, note) VALUES ($1, 'two payments, confirmed')`, second.Data.TransferID)
+	if r, code := e.reconcileJSON(t, "--skip-dlq"); code != 0 || !r.Clean {
+		t.Errorf("after the dismissal: exit %d, %+v; want 0, clean", code, r.Duplicates)
 	}
 }
 

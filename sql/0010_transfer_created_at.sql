@@ -38,3 +38,13 @@ ALTER TABLE transfer
 
 CREATE INDEX IF NOT EXISTS transfer_intent
     ON transfer (from_account, to_account, amount_minor, currency, created_at);
+
+-- A suspected duplicate that a person looked into and found meant (two
+-- payments, confirmed with the producer) is dismissed here, by the
+-- transferId of the later creation, with why: reconcile reports it no
+-- more. Only people write it; the service only reads it.
+CREATE TABLE IF NOT EXISTS reconcile_dismissed (
+    transfer_id  UUID        PRIMARY KEY,
+    note         TEXT        NOT NULL,
+    dismissed_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
