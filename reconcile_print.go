@@ -66,6 +66,9 @@ func printReconcile(w io.Writer, rep reconcileReport) {
 			return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s → %s\t%d %s", d.Transfer, ts(d.CreatedAt), d.Earlier, ts(d.EarlierAt),
 				d.CreatedAt.Sub(d.EarlierAt).Round(time.Millisecond), d.From, d.To, d.Amount, d.Currency)
 		})
+	if rep.DupCount > 0 {
+		fmt.Fprintln(w, "(a pair found meant is dismissed with INSERT INTO reconcile_dismissed (transfer_id, note) VALUES ('TRANSFER', 'why'))")
+	}
 	section("Transitions waiting for their creation", len(rep.Waiting), rep.WaitCount,
 		"TRANSFER\tEVENT ID\tTYPE\tRECEIVED AT\tFROM → TO\tAMOUNT", func(i int) string {
 			x := rep.Waiting[i]
