@@ -62,6 +62,7 @@ func (w *worker) apply(session context.Context, slots []*slot) (outs []Outcome, 
 		span.SetAttributes(attribute.Int("messaging.batch.message_count", len(evs)))
 	}
 	outs, err = bl.ApplyBatch(w.work, evs)
+	err = w.cut(err)
 	if span != nil {
 		if err != nil {
 			span.RecordError(err)
@@ -96,11 +97,23 @@ func (w *worker) attempt(ev Event) (Result, error) {
 
 func (w *worker) attemptOnce(ev Event) (Result, error) {
 	if w.lane != nil {
-		return w.lane.Apply(w.work, ev) // the lane keeps the timeout itself
+		res, err := w.lane.Apply(w.work, ev) // the lane keeps the timeout itself
+		return res, w.cut(err)
 	}
 	ctx, cancel := context.WithTimeout(w.work, w.svc.cfg.ApplyTimeout)
 	defer cancel()
-	return w.svc.app.Apply(ctx, ev)
+	res, err := w.svc.app.Apply(ctx, ev)
+	return res, w.cut(err)
+}
+
+// cut adds to err, when the work in hand was cancelled, why: an attempt
+// that shutdown cut short is classified as such from its own error,
+// whatever the session's state when the error is looked at.
+func (w *worker) cut(err error) error {
+	if err == nil || w.work.Err() == nil {
+		return err
+	}
+	return fmt.Errorf("%w (%w)", err, context.Cause(w.work))
 }
 
 // panicked logs a recovered panic with its stack and returns it as a

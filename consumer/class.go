@@ -104,7 +104,7 @@ func ClassOf(ctx context.Context, err error) Class {
 	if marked && causedByMessage(c.class) {
 		return c.class
 	}
-	if errors.Is(context.Cause(ctx), ErrShutdown) {
+	if errors.Is(context.Cause(ctx), ErrShutdown) || errors.Is(err, ErrShutdown) {
 		return ClassShutdown
 	}
 	if marked {
