@@ -27,8 +27,9 @@ func NewInbox(db *sqlx.DB) *Inbox { return &Inbox{db: db} }
 
 // Apply claims ev.ID in the inbox and applies its effect in the same local
 // transaction, then commits. The work is one call of the apply_event
-// function (sql/0004_apply_event.sql), so an event costs three round trips:
-// BEGIN, the call, COMMIT.
+// function (sql/0004_apply_event.sql), so an event costs four round trips:
+// BEGIN, the call (sent unnamed: its parse, then its execution; see Lane),
+// COMMIT.
 //
 // The claim comes first and is an INSERT, not a lookup: two deliveries of one
 // event racing each other both try to insert, the primary key lets exactly
