@@ -73,17 +73,17 @@ func TestEachFunctionIsDefinedOnceInItsOwnFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	for name, files := range defined {
+		if want := functionsDir + "/" + name + ".sql"; len(files) != 1 || files[0] != want {
+			t.Errorf("function %s is defined in %v, want in %s alone", name, files, want)
+		}
+	}
 	fns, err := functions(sqlDir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(fns) == 0 {
 		t.Fatal("no function files in ../sql/functions")
-	}
-	for name, files := range defined {
-		if want := functionsDir + "/" + name + ".sql"; len(files) != 1 || files[0] != want {
-			t.Errorf("function %s is defined in %v, want in %s alone", name, files, want)
-		}
 	}
 	for _, f := range fns {
 		if files := defined[f.name]; len(files) != 1 {
