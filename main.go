@@ -26,7 +26,7 @@ import (
 	"transferconsumer/db"
 )
 
-//go:embed sql/*.sql
+//go:embed sql/*.sql sql/functions/*.sql
 var embedded embed.FS
 
 func main() {

@@ -56,7 +56,7 @@ func backlog(n, accounts int, seed uint64) []event {
 }
 
 // txApplier runs the service's transaction for an event: BEGIN, the
-// prepared call of apply_event (sql/0007_apply_batch.sql: the inbox claim
+// prepared call of apply_event (sql/functions/apply_event.sql: the inbox claim
 // first, the transfer lock, the transfer row, both balances in account order,
 // a waiting transition), COMMIT. The peer and the bare loop run exactly this,
 // so that the comparison measures the consumers, not different SQL; like the

@@ -112,7 +112,9 @@ type Config struct {
 	BatchMax    int
 	BatchLinger time.Duration
 	// MaxBodyBytes bounds the body a worker decodes: a larger one is poison,
-	// dead-lettered undecoded. 0: no bound.
+	// dead-lettered undecoded. 0 means no bound, which only tests use: the
+	// service's configuration requires MAX_BODY_BYTES of at least 1024, so
+	// the service always sets one.
 	MaxBodyBytes    int
 	ShutdownTimeout time.Duration // how long the message in hand may take once shutdown starts
 	ApplyTimeout    time.Duration // one attempt to apply an event

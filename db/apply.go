@@ -27,9 +27,9 @@ func NewInbox(db *sqlx.DB) *Inbox { return &Inbox{db: db} }
 
 // Apply claims ev.ID in the inbox and applies its effect in the same local
 // transaction, then commits. The work is one call of the apply_event
-// function (sql/0004_apply_event.sql), so an event costs four round trips:
-// BEGIN, the call (sent unnamed: its parse, then its execution; see Lane),
-// COMMIT.
+// function (sql/functions/apply_event.sql), so an event costs four round
+// trips: BEGIN, the call (sent unnamed: its parse, then its execution; see
+// Lane), COMMIT.
 //
 // The claim comes first and is an INSERT, not a lookup: two deliveries of one
 // event racing each other both try to insert, the primary key lets exactly
@@ -108,7 +108,7 @@ func (l *lane) Apply(ctx context.Context, ev consumer.Event) (consumer.Result, e
 }
 
 // ApplyBatch applies evs in one transaction: one call of apply_batch
-// (sql/0007), which claims them all in one statement and applies their
+// (sql/functions/apply_batch.sql), which claims them all in one statement and applies their
 // effects in order. It returns one outcome per event, as Apply would have
 // (a duplicate, or a producer conflict for that event alone); an error
 // means nothing of the batch was committed, classified as Apply's are: a
@@ -153,7 +153,8 @@ const (
 )
 
 // message is what a transition keeps of its delivery, in case it waits for
-// its creation and then contradicts it (sql/0006); a creation never needs
+// its creation and then contradicts it (apply_effect, in
+// sql/functions/apply_effect.sql); a creation never needs
 // it, and passes NULLs.
 type message struct {
 	key, id, contentType sql.NullString

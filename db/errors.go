@@ -14,7 +14,7 @@ import (
 )
 
 // transitionCode is the SQLSTATE apply_event raises for a lifecycle event
-// that contradicts its transfer (sql/0004_apply_event.sql).
+// that contradicts its transfer (sql/functions/apply_effect.sql).
 const transitionCode = "TC001"
 
 // translate puts a driver error into the project's failure classes, once,

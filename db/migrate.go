@@ -59,10 +59,12 @@ func missing(all []migration, done []int) []string {
 }
 
 // Pending returns the names of the migrations in migrations that the
-// database has not recorded, in order; none when the schema is current. It
-// only reads (SELECT on schema_migration is all it needs), so a role that
-// may not change the schema can ask. A database without schema_migration
-// has every migration pending. A failure to read is returned as it is: a
+// database has not recorded, in order, then the function files whose
+// functions are not as the files make them (see functionsDir); none when
+// the schema is current. It only reads (SELECT on schema_migration, and
+// the catalogs, is all it needs), so a role that may not change the schema
+// can ask. A database without schema_migration has every migration
+// pending. A failure to read is returned as it is: a
 // 42501 there means the role may not even read schema_migration.
 func Pending(ctx context.Context, db *sqlx.DB, migrations fs.FS) ([]string, error) {
 	missing, _, err := pending(ctx, db, migrations)
@@ -70,13 +72,25 @@ func Pending(ctx context.Context, db *sqlx.DB, migrations fs.FS) ([]string, erro
 }
 
 // Migrate applies, in order, every NNNN_name.sql file in migrations that the
-// database has not recorded yet, all in one transaction under an advisory
-// lock: a replica that starts at the same moment waits, then finds nothing
-// left to do. It returns the names of the migrations it applied. It needs
-// CREATE on the schema, even with nothing to apply: a role that may not is
-// refused with 42501 (see Refused), and should ask Pending instead.
+// database has not recorded yet, then every function file
+// (functions/NAME.sql, see functions) whose function is not as the file
+// makes it, all in one transaction under an advisory lock: a replica that
+// starts at the same moment waits, then finds nothing left to do. It
+// returns the names of the files it applied. It needs CREATE on the
+// schema, even with nothing to apply: a role that may not is refused with
+// 42501 (see Refused), and should ask Pending instead.
+//
+// The numbered migrations are recorded in schema_migration by version, and
+// run once each; a function file is run again whenever its text changes,
+// since each function's definition lives in that one file. The numbered
+// migrations run first, so the functions find the tables they name, and
+// must not call the functions themselves.
 func Migrate(ctx context.Context, db *sqlx.DB, migrations fs.FS) ([]string, error) {
 	all, err := list(migrations)
+	if err != nil {
+		return nil, err
+	}
+	fns, err := functions(migrations)
 	if err != nil {
 		return nil, err
 	}
@@ -113,6 +127,16 @@ func Migrate(ctx context.Context, db *sqlx.DB, migrations fs.FS) ([]string, erro
 				return fmt.Errorf("record migration %s: %w", m.name, err)
 			}
 			applied = append(applied, m.name)
+		}
+		stale, err := staleFunctions(ctx, tx, fns)
+		if err != nil {
+			return err
+		}
+		for _, f := range stale {
+			if err := applyFunction(ctx, tx, f); err != nil {
+				return err
+			}
+			applied = append(applied, f.file)
 		}
 		return nil
 	})

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
 
 	"transferconsumer/consumer"
 )
@@ -48,7 +49,7 @@ func (b *Behind) Error() string {
 //   - any other failure (the database lost, a read-only standby, a lock
 //     timeout) as it is: retried, migration included, as before.
 //
-// A check is one SELECT; backoff b is the reconnect's, so checks slow to
+// A check is two SELECTs (see pending); backoff b is the reconnect's, so checks slow to
 // one per RECONNECT_MAX and a migration the schema's owner runs meanwhile
 // is picked up without a restart.
 func SchemaWhenReady(ctx context.Context, db *sqlx.DB, migrations fs.FS, migrate bool, b consumer.Backoff, log *slog.Logger, waiting func(error)) error {
@@ -112,18 +113,26 @@ func SchemaWhenReady(ctx context.Context, db *sqlx.DB, migrations fs.FS, migrate
 	}
 }
 
-// pending is Pending that also returns the role it ran as.
+// pending is Pending that also returns the role it ran as. It reads with
+// two SELECTs: whether schema_migration exists, the role, and the function
+// files whose functions are not as the files make them; then, when the
+// table exists, the versions it records.
 func pending(ctx context.Context, db *sqlx.DB, migrations fs.FS) ([]string, string, error) {
 	all, err := list(migrations)
 	if err != nil {
 		return nil, "", err
 	}
-	var found struct {
-		Exists bool   `db:"exists"`
-		Role   string `db:"role"`
+	fns, err := functions(migrations)
+	if err != nil {
+		return nil, "", err
 	}
-	if err := db.GetContext(ctx, &found,
-		`SELECT to_regclass('schema_migration') IS NOT NULL AS exists, current_user AS role`); err != nil {
+	var found struct {
+		Exists bool           `db:"exists"`
+		Role   string         `db:"role"`
+		Stale  pq.StringArray `db:"stale"`
+	}
+	if err := db.GetContext(ctx, &found, `SELECT to_regclass('schema_migration') IS NOT NULL AS exists, current_user AS role,
+		array(`+staleSQL+`) AS stale`, staleArgs(fns)...); err != nil {
 		return nil, "", fmt.Errorf("look for schema_migration: %w", err)
 	}
 	var done []int
@@ -132,5 +141,5 @@ func pending(ctx context.Context, db *sqlx.DB, migrations fs.FS) ([]string, stri
 			return nil, found.Role, fmt.Errorf("read schema_migration: %w", err)
 		}
 	}
-	return missing(all, done), found.Role, nil
+	return append(missing(all, done), found.Stale...), found.Role, nil
 }

@@ -32,7 +32,7 @@ func TestDataOnlyRoleRunsOnTheSchemaItsOwnerMigrated(t *testing.T) {
 	role, roleURL := e.serviceRole("")
 
 	out, err := runCommand(t, []string{"DATABASE_URL=" + ownerURL}, "migrate", "--grant-to", role)
-	files, _ := filepath.Glob("../sql/*.sql")
+	files := migrationFiles(t)
 	if err != nil || !strings.Contains(out, fmt.Sprintf("applied %d migration(s)", len(files))) || !strings.Contains(out, "granted "+role) {
 		t.Fatalf("migrate --grant-to %s: %v\n%s", role, err, out)
 	}
@@ -191,7 +191,7 @@ func TestMigrateFalseNeverChangesTheDatabase(t *testing.T) {
 	}
 
 	admin.MustExec("CREATE DATABASE " + pq.QuoteIdentifier(name))
-	files, _ := filepath.Glob("../sql/*.sql")
+	files := migrationFiles(t)
 	waitFor(t, 30*time.Second, "/readyz naming every migration", func() bool {
 		code := getJSON(t, base+"/readyz", &ready)
 		missing, _ := ready["missing_migrations"].([]any)

@@ -5,6 +5,8 @@
 -- before; a conflict with other content, or against other stored content
 -- (the inbox forgot the event and another content was applied since), is
 -- still a row of its own, so an alert on new rows sees every conflict.
+-- claim_taken (sql/functions/) inserts with ON CONFLICT on the index made
+-- here.
 --
 -- The rows that redeliveries added before this migration are removed,
 -- keeping the first of each (its received_at is when the conflict was
@@ -25,23 +27,3 @@ WHERE later.event_id = first.event_id
 
 CREATE UNIQUE INDEX IF NOT EXISTS producer_conflict_once
     ON producer_conflict (event_id, stored_fingerprint, received_fingerprint);
-
--- claim_taken as in 0007, recording each conflict once.
-CREATE OR REPLACE FUNCTION claim_taken(p_event_id UUID, p_fingerprint BYTEA) RETURNS TEXT
-LANGUAGE plpgsql AS $$
-DECLARE
-    stored BYTEA;
-BEGIN
-    -- Claimed, and committed (ON CONFLICT waited for the owner), or by this
-    -- very transaction, earlier in its batch.
-    SELECT fingerprint INTO stored FROM processed_event WHERE event_id = p_event_id;
-    IF NOT FOUND OR stored = p_fingerprint THEN
-        -- (Not found: retention removed the row in between; it existed,
-        -- so the event was applied.)
-        RETURN 'duplicate';
-    END IF;
-    INSERT INTO producer_conflict (event_id, stored_fingerprint, received_fingerprint)
-    VALUES (p_event_id, stored, p_fingerprint)
-    ON CONFLICT (event_id, stored_fingerprint, received_fingerprint) DO NOTHING;
-    RETURN 'conflict:' || encode(stored, 'hex');
-END $$;

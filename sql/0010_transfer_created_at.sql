@@ -4,7 +4,7 @@
 -- duplicate the inbox cannot see, since each came under its own eventId.
 --
 -- created_at is the time of the transaction that applied the creation
--- (its now()), the column's default: apply_effect (sql/0007) names the
+-- (its now()), the column's default: apply_effect (sql/functions/) names the
 -- columns it inserts, so apply_event and apply_batch fill it without a
 -- change. Rows made before this migration get the best time left of
 -- their creation: the inbox row of the event that created them while

@@ -1,0 +1,18 @@
+-- set_transfer_state moves a created transfer to the state p_event_type
+-- leads to (TransferFailed: failed, else completed), at most once; a
+-- failure gives the amount back.
+
+CREATE OR REPLACE FUNCTION set_transfer_state(p_transfer_id UUID, p_event_type TEXT) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    t transfer%ROWTYPE;
+BEGIN
+    UPDATE transfer
+    SET state = CASE p_event_type WHEN 'TransferFailed' THEN 'failed' ELSE 'completed' END,
+        updated_at = now()
+    WHERE transfer_id = p_transfer_id AND state = 'created'
+    RETURNING * INTO t;
+    IF FOUND AND t.state = 'failed' THEN
+        PERFORM move_balances(t.to_account, t.from_account, t.amount_minor);
+    END IF;
+END $$;
