@@ -16,6 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"transferconsumer/consumer"
+	"transferconsumer/retry"
 )
 
 // config is every setting, each an environment variable; --help prints them.
@@ -317,8 +318,8 @@ func (c config) dbMaxConns() int {
 	return c.QueueCount + 4
 }
 
-func (c config) backoff() consumer.Backoff {
-	return consumer.Backoff{Min: c.ReconnectMin, Max: c.ReconnectMax}
+func (c config) backoff() retry.Backoff {
+	return retry.Backoff{Min: c.ReconnectMin, Max: c.ReconnectMax}
 }
 
 func (c config) topology() consumer.Topology {
@@ -384,7 +385,7 @@ func (c config) consumerConfig(log *slog.Logger) consumer.Config {
 		BatchMax:        c.BatchMax,
 		BatchLinger:     c.BatchLinger,
 		MaxBodyBytes:    c.MaxBodyBytes,
-		Retry:           consumer.Backoff{Min: c.RetryMin, Max: c.RetryMax},
+		Retry:           retry.Backoff{Min: c.RetryMin, Max: c.RetryMax},
 		Reconnect:       c.backoff(),
 		Logger:          log,
 	}

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -16,6 +15,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/trace"
+
+	"transferconsumer/retry"
 )
 
 // Applier applies one event in one local transaction, inbox claim and
@@ -116,8 +117,8 @@ type Config struct {
 	MaxBodyBytes    int
 	ShutdownTimeout time.Duration // how long the message in hand may take once shutdown starts
 	ApplyTimeout    time.Duration // one attempt to apply an event
-	Retry           Backoff       // between attempts of a transient failure
-	Reconnect       Backoff       // between broker sessions
+	Retry           retry.Backoff // between attempts of a transient failure
+	Reconnect       retry.Backoff // between broker sessions
 	Logger          *slog.Logger
 	// Observe, when set, is called once per delivery with the decision, after
 	// the ack, reject or dead-letter was sent. Tests and metrics use it.
@@ -172,26 +173,6 @@ func (d Decision) Outcome() string {
 		return "requeued"
 	}
 	return "applied"
-}
-
-// Backoff is a capped, jittered exponential delay.
-type Backoff struct {
-	Min, Max time.Duration
-}
-
-// Delay returns the wait before retry number attempt (0-based): Min doubled
-// per attempt, capped at Max, then drawn uniformly from its upper half so
-// that many consumers retrying together spread out.
-func (b Backoff) Delay(attempt int) time.Duration {
-	d := b.Min
-	for i := 0; i < attempt && d < b.Max; i++ {
-		d *= 2
-	}
-	d = min(d, b.Max)
-	if d <= 1 {
-		return d
-	}
-	return d/2 + rand.N(d/2)
 }
 
 // Service consumes every partition queue and applies each event once in
@@ -533,7 +514,7 @@ func (s *Service) awaitHealthy(stop context.Context) error {
 		s.clearAllBlocked()
 		return nil
 	}
-	var th Throttle
+	var th retry.Throttle
 	start := time.Now()
 	waiting := "not consuming until a probe of the database passes: a queue was blocked when the last broker session ended"
 	s.brokerErr.Store(&waiting)

@@ -28,6 +28,7 @@ import (
 	"transferconsumer/consumer"
 	"transferconsumer/db"
 	"transferconsumer/dlq"
+	"transferconsumer/retry"
 )
 
 const prefix = "transfers"
@@ -210,8 +211,8 @@ func (e *env) startWith(queues int, app consumer.Applier, configure func(*consum
 		ShutdownTimeout: 10 * time.Second,
 		ApplyTimeout:    10 * time.Second,
 		BatchMax:        batchMax(),
-		Retry:           consumer.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond},
-		Reconnect:       consumer.Backoff{Min: 50 * time.Millisecond, Max: time.Second},
+		Retry:           retry.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond},
+		Reconnect:       retry.Backoff{Min: 50 * time.Millisecond, Max: time.Second},
 		Logger:          slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: testLogLevel()})),
 		Observe:         s.rec.add,
 		ObserveRetry: func(r consumer.Retry) {

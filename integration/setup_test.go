@@ -17,6 +17,7 @@ import (
 
 	"transferconsumer/consumer"
 	"transferconsumer/db"
+	"transferconsumer/retry"
 )
 
 // Two replicas migrating an empty database at the same moment: one applies
@@ -173,8 +174,8 @@ func TestServiceStopsOnQueueWithOtherArguments(t *testing.T) {
 	err = consumer.New(consumer.Config{
 		URLs: []string{e.amqpURL}, Topology: e.topology(2), Declare: true, Instance: e.name,
 		ShutdownTimeout: time.Second, ApplyTimeout: time.Second,
-		Retry:     consumer.Backoff{Min: time.Millisecond, Max: time.Millisecond},
-		Reconnect: consumer.Backoff{Min: time.Millisecond, Max: time.Millisecond},
+		Retry:     retry.Backoff{Min: time.Millisecond, Max: time.Millisecond},
+		Reconnect: retry.Backoff{Min: time.Millisecond, Max: time.Millisecond},
 	}, db.NewInbox(e.db)).Run(ctx)
 
 	var te *consumer.TopologyError
