@@ -17,6 +17,7 @@ import (
 
 	"transferconsumer/consumer"
 	"transferconsumer/retry"
+	"transferconsumer/topology"
 )
 
 // config is every setting, each an environment variable; --help prints them.
@@ -322,13 +323,13 @@ func (c config) backoff() retry.Backoff {
 	return retry.Backoff{Min: c.ReconnectMin, Max: c.ReconnectMax}
 }
 
-func (c config) topology() consumer.Topology {
-	return consumer.Topology{Prefix: c.Prefix, Queues: c.QueueCount, DeliveryLimit: c.DeliveryLimit}
+func (c config) topology() topology.Spec {
+	return topology.Spec{Prefix: c.Prefix, Queues: c.QueueCount, DeliveryLimit: c.DeliveryLimit}
 }
 
 // management returns the management API MANAGEMENT_URL names, nil when
 // it is unset. An error names the variable and never quotes a password.
-func (c config) management() (*consumer.Management, error) {
+func (c config) management() (*topology.Management, error) {
 	if c.ManagementURL == "" && c.MgmtURLFile == "" {
 		return nil, nil
 	}
@@ -336,7 +337,7 @@ func (c config) management() (*consumer.Management, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &consumer.Management{URL: u}
+	m := &topology.Management{URL: u}
 	if c.MgmtURLFile != "" {
 		m.URLFunc = c.managementURL
 	}

@@ -12,6 +12,7 @@ import (
 
 	"transferconsumer/consumer"
 	"transferconsumer/db"
+	"transferconsumer/topology"
 )
 
 // health is what /readyz and the scrape-time gauges read. The HTTP server
@@ -151,7 +152,7 @@ func (h *health) readiness() (int, map[string]any) {
 // checked, or that it differs, with each finding in "topology_findings". It
 // returns false when a finding keeps queues from being consumed; one that
 // only warns, or a check that could not be made, leaves readiness alone.
-func topologyReadiness(check *consumer.TopologyCheck, body map[string]any) bool {
+func topologyReadiness(check *topology.Check, body map[string]any) bool {
 	if check == nil {
 		return true // the service declares its own
 	}

@@ -6,8 +6,8 @@ import (
 	"reflect"
 	"testing"
 
-	"transferconsumer/consumer"
 	"transferconsumer/db"
+	"transferconsumer/topology"
 )
 
 // While the schema lacks migrations, /readyz says so in words, lists them,
@@ -49,21 +49,21 @@ func TestReadinessSaysTheSchemaIsBehind(t *testing.T) {
 // ready and is said in words; one that only warns is said and leaves it
 // ready; without a check (the service declares its own) nothing is said.
 func TestReadinessSaysWhatTheTopologyCheckFound(t *testing.T) {
-	refuse := consumer.Finding{Severity: consumer.Refuse, Object: "queue transfers.1", Queue: "transfers.1",
+	refuse := topology.Finding{Severity: topology.Refuse, Object: "queue transfers.1", Queue: "transfers.1",
 		Argument: "x-single-active-consumer", Found: "none", Wanted: "true", Why: "order", Fix: "redeclare"}
-	warn := consumer.Finding{Severity: consumer.Warn, Object: "queue transfers.0", Argument: "x-delivery-limit",
+	warn := topology.Finding{Severity: topology.Warn, Object: "queue transfers.0", Argument: "x-delivery-limit",
 		Found: "5", Wanted: "10", Why: "limit", Fix: "set DELIVERY_LIMIT=5"}
 	tests := []struct {
 		name  string
-		check *consumer.TopologyCheck
+		check *topology.Check
 		ready bool
 		keys  []string
 	}{
 		{"declared by the service", nil, true, nil},
-		{"not checked", &consumer.TopologyCheck{Status: "not checked: set MANAGEMENT_URL"}, true, []string{"topology"}},
-		{"a warning", &consumer.TopologyCheck{Status: "differs", Findings: []consumer.Finding{warn}}, true,
+		{"not checked", &topology.Check{Status: "not checked: set MANAGEMENT_URL"}, true, []string{"topology"}},
+		{"a warning", &topology.Check{Status: "differs", Findings: []topology.Finding{warn}}, true,
 			[]string{"topology", "topology_findings"}},
-		{"a queue not consumed", &consumer.TopologyCheck{Status: "differs", Findings: []consumer.Finding{refuse, warn},
+		{"a queue not consumed", &topology.Check{Status: "differs", Findings: []topology.Finding{refuse, warn},
 			NotConsumed: []string{"transfers.1"}}, false, []string{"topology", "topology_findings", "not_consumed_queues"}},
 	}
 	for _, tt := range tests {

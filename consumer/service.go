@@ -1,6 +1,7 @@
-// Package consumer is the AMQP side of the service: the topology, one consume
-// loop per queue, and the decision of what happens to each delivery. It knows
-// nothing of PostgreSQL; it applies events through the Applier interface.
+// Package consumer is the AMQP side of the service: one consume loop per
+// queue, and the decision of what happens to each delivery. It declares or
+// checks the topology through package topology, and knows nothing of
+// PostgreSQL: it applies events through the Applier interface.
 package consumer
 
 import (
@@ -17,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"transferconsumer/retry"
+	"transferconsumer/topology"
 )
 
 // Applier applies one event in one local transaction, inbox claim and
@@ -89,14 +91,14 @@ type Config struct {
 	// of reading URLs, so that a credential rotated in a file is used at
 	// the next reconnect, without a restart. An error is a failed dial.
 	URLsFunc func() ([]string, error)
-	Topology Topology
+	Topology topology.Spec
 	Declare  bool // declare the topology on every (re)connect
 	// Management, when set and Declare is false, is read at each connect
-	// to verify the topology made by others (Topology.Verify): a queue
+	// to verify the topology made by others (topology.Spec.Verify): a queue
 	// that would lose an account's order or a dead letter is not
 	// consumed. nil: the arguments are not checked, and the service says
 	// so once.
-	Management *Management
+	Management *topology.Management
 	// LookEvery is how often a session reads the DLQ's depth and looks for
 	// partition queues beyond Topology.Queues; 0: every 10 s.
 	LookEvery time.Duration
@@ -188,8 +190,7 @@ type Service struct {
 	brokerErr atomic.Pointer[string]   // why there is no broker session, while there is none
 	dlqDepth  atomic.Int64             // dead letters waiting, as last seen; -1 before
 	extra     atomic.Pointer[[]string] // queues beyond QUEUE_COUNT that exist, as last seen
-	check     atomic.Pointer[TopologyCheck]
-	unchecked sync.Once // said that the topology could not be checked
+	checker   *topology.Checker        // of a topology made by others (Declare false)
 
 	mu       sync.Mutex
 	blockedQ map[string]Blocked // by queue
@@ -219,7 +220,7 @@ type State struct {
 	Unconsumed []string
 	// Topology is what the last check of a topology made by others found
 	// (Declare false); nil when the service declares its own.
-	Topology *TopologyCheck
+	Topology *topology.Check
 }
 
 // State returns the service's current broker-side state.
@@ -240,7 +241,7 @@ func (s *Service) State() State {
 	if extra := s.extra.Load(); extra != nil {
 		st.Unconsumed = *extra
 	}
-	st.Topology = s.check.Load()
+	st.Topology = s.checker.Last()
 	return st
 }
 
@@ -253,7 +254,8 @@ func New(cfg Config, app Applier) *Service {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Service{cfg: cfg, app: app, log: log, blockedQ: map[string]Blocked{}, drainNow: make(chan struct{}, 1)}
+	s := &Service{cfg: cfg, app: app, log: log, blockedQ: map[string]Blocked{}, drainNow: make(chan struct{}, 1),
+		checker: &topology.Checker{Spec: cfg.Topology, Management: cfg.Management, Log: log}}
 	s.dlqDepth.Store(-1)
 	return s
 }
@@ -261,7 +263,7 @@ func New(cfg Config, app Applier) *Service {
 // Run consumes until ctx is cancelled, reconnecting after any broker failure
 // for as long as it takes. On cancellation it stops taking deliveries,
 // finishes the message in hand within ShutdownTimeout, and returns nil. It
-// returns a *TopologyError, without retrying, when the broker's topology
+// returns a *topology.Error, without retrying, when the broker's topology
 // cannot be used as it stands.
 func (s *Service) Run(ctx context.Context) error {
 	// stop ends when shutdown starts; its cause tells shutdown apart from
@@ -291,7 +293,7 @@ func (s *Service) Run(ctx context.Context) error {
 			s.log.Info("consumer stopped")
 			return nil
 		}
-		var te *TopologyError
+		var te *topology.Error
 		if errors.As(err, &te) {
 			return err
 		}
@@ -351,7 +353,7 @@ func (s *Service) session(stop, work context.Context) error {
 			return err
 		}
 	} else {
-		stopped = s.verify(stop, conn, urls[used])
+		stopped = s.checker.Run(stop, conn, urls[used])
 	}
 
 	session, endSession := context.WithCancel(stop)
@@ -397,7 +399,7 @@ func (s *Service) session(stop, work context.Context) error {
 		case e := <-errs:
 			result = e
 		case <-look.C:
-			if len(stopped) > 0 && !slices.Equal(s.verify(stop, conn, urls[used]), stopped) {
+			if len(stopped) > 0 && !slices.Equal(s.checker.Run(stop, conn, urls[used]), stopped) {
 				result = errors.New("the topology made by others changed: reconnecting to consume what it allows now")
 			}
 		}
@@ -444,10 +446,6 @@ func (s *Service) waitWorkers(wg *sync.WaitGroup, work context.Context) {
 // session reads the DLQ's depth and looks for partition queues it does not
 // consume, and the outbox is drained.
 const lookEvery = 10 * time.Second
-
-// maxQueues bounds the look for queues beyond QUEUE_COUNT (the largest
-// count the configuration accepts).
-const maxQueues = 1024
 
 // urls returns the broker's URLs for a dial: URLsFunc's, when it is set.
 func (c Config) urls() ([]string, error) {

@@ -29,6 +29,7 @@ import (
 	"transferconsumer/db"
 	"transferconsumer/dlq"
 	"transferconsumer/retry"
+	"transferconsumer/topology"
 )
 
 const prefix = "transfers"
@@ -154,8 +155,8 @@ func (e *env) openPublisher() {
 
 // topology returns the topology the tests consume: two queues are enough to
 // show partitioning and keep each test's set-up quick.
-func (e *env) topology(queues int) consumer.Topology {
-	return consumer.Topology{Prefix: prefix, Queues: queues, DeliveryLimit: e.limit}
+func (e *env) topology(queues int) topology.Spec {
+	return topology.Spec{Prefix: prefix, Queues: queues, DeliveryLimit: e.limit}
 }
 
 // declare declares the topology without starting a consumer, so a test can
@@ -223,7 +224,7 @@ func (e *env) startWith(queues int, app consumer.Applier, configure func(*consum
 	if mgmt, err := url.Parse(e.b.managementURL); err == nil {
 		// The broker's state through the management API, as an estate
 		// would run the service.
-		cfg.Management = &consumer.Management{URL: mgmt}
+		cfg.Management = &topology.Management{URL: mgmt}
 	}
 	if configure != nil {
 		configure(&cfg)

@@ -18,6 +18,7 @@ import (
 	"transferconsumer/consumer"
 	"transferconsumer/db"
 	"transferconsumer/retry"
+	"transferconsumer/topology"
 )
 
 // Two replicas migrating an empty database at the same moment: one applies
@@ -178,7 +179,7 @@ func TestServiceStopsOnQueueWithOtherArguments(t *testing.T) {
 		Reconnect: retry.Backoff{Min: time.Millisecond, Max: time.Millisecond},
 	}, db.NewInbox(e.db)).Run(ctx)
 
-	var te *consumer.TopologyError
+	var te *topology.Error
 	if !errors.As(err, &te) {
 		t.Fatalf("Run = %v, want a TopologyError", err)
 	}

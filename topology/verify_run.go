@@ -1,15 +1,18 @@
-package consumer
+package topology
 
 import (
 	"context"
+	"log/slog"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
-// TopologyCheck is what the last check of a topology made by others found.
-type TopologyCheck struct {
+// Check is what the last check of a topology made by others found.
+type Check struct {
 	// Status is "ok", or why the arguments were not checked, or "differs"
 	// when there are Findings.
 	Status   string
@@ -24,52 +27,67 @@ const uncheckedHint = "set MANAGEMENT_URL to the management API (a user with the
 	"the service then checks that its queues are quorum, with single active consumer, the delivery limit and " +
 	"dead-lettering to a DLQ that keeps every letter, and does not consume a queue that would lose order or letters"
 
-// verify checks the topology made by others through the management API,
+// Checker checks a topology made by others (DECLARE_TOPOLOGY=false) each
+// time Run is called, and keeps what it found last. Its zero value, with a
+// Spec and a Log, checks nothing and says why.
+type Checker struct {
+	Spec       Spec
+	Management *Management // nil: the arguments cannot be checked, which is said once
+	Log        *slog.Logger
+
+	last      atomic.Pointer[Check]
+	unchecked sync.Once // said that the topology could not be checked
+}
+
+// Last returns what the last Run found, nil before the first.
+func (c *Checker) Last() *Check { return c.last.Load() }
+
+// Run checks the topology made by others through the management API,
 // logs what differs from what the service needs when that changed since the
-// last check, records it for State, and returns the partition queues not
+// last check, records it for Last, and returns the partition queues not
 // to consume. Without the API it says once that the arguments could not be
 // checked. When the API does not answer, the last findings stand (none at
 // first: a queue is not left unconsumed for want of an HTTP answer).
-func (s *Service) verify(ctx context.Context, conn *amqp.Connection, brokerURL string) []string {
-	if s.cfg.Management == nil {
-		s.unchecked.Do(func() {
-			s.log.Warn("DECLARE_TOPOLOGY=false without MANAGEMENT_URL: the arguments of the topology made by others could not be checked "+
+func (c *Checker) Run(ctx context.Context, conn *amqp.Connection, brokerURL string) []string {
+	if c.Management == nil {
+		c.unchecked.Do(func() {
+			c.Log.Warn("DECLARE_TOPOLOGY=false without MANAGEMENT_URL: the arguments of the topology made by others could not be checked "+
 				"(a passive declare does not show them)", "hint", uncheckedHint)
 		})
-		s.check.Store(&TopologyCheck{Status: "not checked: " + uncheckedHint})
+		c.last.Store(&Check{Status: "not checked: " + uncheckedHint})
 		return nil
 	}
 	version, _ := conn.Properties["version"].(string)
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	prev := s.check.Load()
-	obs, err := s.cfg.Management.Observe(ctx, brokerURL, s.cfg.Topology, version)
+	prev := c.last.Load()
+	obs, err := c.Management.Observe(ctx, brokerURL, c.Spec, version)
 	if err != nil {
-		next := &TopologyCheck{Status: "could not check: " + err.Error()}
+		next := &Check{Status: "could not check: " + err.Error()}
 		if prev != nil && len(prev.Findings) > 0 {
 			next.Status += "; the last findings stand"
 			next.Findings, next.NotConsumed = prev.Findings, prev.NotConsumed
 		}
 		if prev == nil || prev.Status != next.Status {
-			s.log.Warn("the arguments of the topology made by others could not be checked", "err", err,
+			c.Log.Warn("the arguments of the topology made by others could not be checked", "err", err,
 				"not_consumed", next.NotConsumed)
 		}
-		s.check.Store(next)
+		c.last.Store(next)
 		return next.NotConsumed
 	}
 
-	findings := s.cfg.Topology.Verify(obs)
-	next := &TopologyCheck{Status: "ok", Findings: findings}
+	findings := c.Spec.Verify(obs)
+	next := &Check{Status: "ok", Findings: findings}
 	queues, all := Stopped(findings)
-	for i := range s.cfg.Topology.Queues {
-		if q := s.cfg.Topology.Queue(i); all || slices.Contains(queues, q) {
+	for i := range c.Spec.Queues {
+		if q := c.Spec.Queue(i); all || slices.Contains(queues, q) {
 			next.NotConsumed = append(next.NotConsumed, q)
 		}
 	}
 	if len(findings) > 0 {
 		next.Status = "differs from what the service needs"
 	}
-	s.check.Store(next)
+	c.last.Store(next)
 
 	var before []Finding
 	if prev != nil {
@@ -81,14 +99,14 @@ func (s *Service) verify(ctx context.Context, conn *amqp.Connection, brokerURL s
 		}
 		attrs := []any{"object", f.Object, "argument", f.Argument, "found", f.Found, "wanted", f.Wanted, "why", f.Why, "fix", f.Fix}
 		if f.Severity == Refuse {
-			s.log.Error("the topology made by others would lose an account's order or dead letters: not consuming",
+			c.Log.Error("the topology made by others would lose an account's order or dead letters: not consuming",
 				append(attrs, "not_consumed", next.NotConsumed)...)
 		} else {
-			s.log.Warn("the topology made by others differs from what the service needs: consuming anyway", attrs...)
+			c.Log.Warn("the topology made by others differs from what the service needs: consuming anyway", attrs...)
 		}
 	}
 	if len(findings) == 0 && (prev == nil || prev.Status != "ok") {
-		s.log.Info("the topology made by others has what the service needs", "broker_version", version)
+		c.Log.Info("the topology made by others has what the service needs", "broker_version", version)
 	}
 	return next.NotConsumed
 }

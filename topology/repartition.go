@@ -1,4 +1,4 @@
-package consumer
+package topology
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 // second half is to run the replicas with QUEUE_COUNT=to. progress, when set,
 // is told what is happening. It returns ctx's error if the wait is cut short;
 // the bindings stay, and running Grow again resumes the wait.
-func (t Topology) Grow(ctx context.Context, conn *amqp.Connection, to int, progress func(string)) error {
+func (t Spec) Grow(ctx context.Context, conn *amqp.Connection, to int, progress func(string)) error {
 	if to <= t.Queues {
 		return fmt.Errorf("grow from %d queues to %d: the new count must be larger", t.Queues, to)
 	}
@@ -75,7 +75,7 @@ func (t Topology) Grow(ctx context.Context, conn *amqp.Connection, to int, progr
 // t.Queues when it has at least as many as t names. It asks with passive
 // declares, one channel each, and stops at the first queue missing (the
 // broker logs that one as a channel error, once).
-func (t Topology) Existing(conn *amqp.Connection) (int, error) {
+func (t Spec) Existing(conn *amqp.Connection) (int, error) {
 	for i := 0; i < t.Queues; i++ {
 		ch, err := conn.Channel()
 		if err != nil {

@@ -1,4 +1,4 @@
-package consumer
+package topology
 
 import (
 	"encoding/json"
@@ -89,7 +89,7 @@ func (q managedQueue) setting(name string) (any, bool) {
 // t's objects, Refuse findings first. A Refuse finding with a Queue stops
 // that queue; one without stops them all (the dead-letter side would drop
 // letters).
-func (t Topology) Verify(obs Observed) []Finding {
+func (t Spec) Verify(obs Observed) []Finding {
 	var out []Finding
 	add := func(f Finding) { out = append(out, f) }
 	major4 := majorVersion(obs.Version) >= 4
@@ -162,7 +162,7 @@ func (t Topology) Verify(obs Observed) []Finding {
 }
 
 // verifyQueue checks one partition queue.
-func (t Topology) verifyQueue(name string, q managedQueue, major4 bool) []Finding {
+func (t Spec) verifyQueue(name string, q managedQueue, major4 bool) []Finding {
 	var out []Finding
 	object := "queue " + name
 	redeclare := "drain and delete " + name + ", then have an administrator run `transferconsumer topology` with this service's variables"
@@ -221,7 +221,7 @@ func (t Topology) verifyQueue(name string, q managedQueue, major4 bool) []Findin
 
 // verifyDLQ checks the dead-letter queue: it must keep every letter until
 // someone acts.
-func (t Topology) verifyDLQ(q managedQueue, major4 bool) []Finding {
+func (t Spec) verifyDLQ(q managedQueue, major4 bool) []Finding {
 	var out []Finding
 	name := dlq.Queue(t.Prefix)
 	object := "queue " + name

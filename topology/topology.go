@@ -1,4 +1,12 @@
-package consumer
+// Package topology administers the broker side the service consumes from:
+// the hash exchange, the partition queues and the dead-letter pair. It
+// declares them (Declare), grows their number without reordering an
+// account's events (Grow), says what permissions that takes (LeastGrants),
+// and, when others declared them, checks their arguments through the
+// management API (Verify, Checker) and looks for queues beyond the count
+// (Look). The delivery path (package consumer) uses it; it uses nothing
+// of the delivery path.
+package topology
 
 import (
 	"errors"
@@ -11,24 +19,24 @@ import (
 	"transferconsumer/dlq"
 )
 
-// Topology names and shapes what the service consumes: the consistent-hash
+// Spec names and shapes what the service consumes: the consistent-hash
 // exchange Prefix, the quorum queues Prefix.0 … Prefix.(Queues-1) bound to it
 // with weight 1, and the dead-letter pair from package dlq.
-type Topology struct {
+type Spec struct {
 	Prefix        string
 	Queues        int
 	DeliveryLimit int
 }
 
 // Queue returns the name of queue i.
-func (t Topology) Queue(i int) string { return fmt.Sprintf("%s.%d", t.Prefix, i) }
+func (t Spec) Queue(i int) string { return fmt.Sprintf("%s.%d", t.Prefix, i) }
 
 // QueueArgs returns the arguments every partition queue is declared with.
 // Single active consumer keeps one consumer per queue across replicas, so an
 // account's events are applied in queue order; the delivery limit both turns
 // an always-failing message into a dead letter and, on 3.x, makes a requeued
 // message go back near the head instead of the tail (see adr/0001).
-func (t Topology) QueueArgs() amqp.Table {
+func (t Spec) QueueArgs() amqp.Table {
 	return amqp.Table{
 		"x-queue-type":             "quorum",
 		"x-single-active-consumer": true,
@@ -49,25 +57,25 @@ func (t Topology) QueueArgs() amqp.Table {
 // lack: Declare accepts such a queue as it is.
 const leaderLocator = "x-queue-leader-locator"
 
-// TopologyError is a topology the service cannot use as it stands: a missing
+// Error is a topology the service cannot use as it stands: a missing
 // plugin or a queue declared elsewhere with other arguments. Retrying cannot
-// fix it, so Run stops with it.
-type TopologyError struct {
+// fix it, so the consumer stops with it.
+type Error struct {
 	Object string // "exchange transfers", "queue transfers.3"
 	Err    error  // what the broker said
 	Fix    string // what a person should do
 }
 
-func (e *TopologyError) Error() string {
+func (e *Error) Error() string {
 	return fmt.Sprintf("%s: %v; to fix: %s", e.Object, e.Err, e.Fix)
 }
 
-func (e *TopologyError) Unwrap() error { return e.Err }
+func (e *Error) Unwrap() error { return e.Err }
 
 // Declare declares the whole topology, idempotently. It returns a
-// *TopologyError when the broker refuses it for a reason retrying cannot
+// *Error when the broker refuses it for a reason retrying cannot
 // fix, and the plain error otherwise.
-func (t Topology) Declare(conn *amqp.Connection) error {
+func (t Spec) Declare(conn *amqp.Connection) error {
 	ch, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
@@ -135,25 +143,25 @@ func declareQueue(conn *amqp.Connection, ch *amqp.Channel, name string, args amq
 
 var inequivalent = regexp.MustCompile(`inequivalent arg '([^']+)' for (queue|exchange) '([^']+)'`)
 
-func (t Topology) translateDeclareError(object string, err error) error {
+func (t Spec) translateDeclareError(object string, err error) error {
 	var ae *amqp.Error
 	if !errors.As(err, &ae) {
 		return fmt.Errorf("declare %s: %w", object, err)
 	}
 	switch {
 	case ae.Code == amqp.CommandInvalid && strings.Contains(ae.Reason, "x-consistent-hash"):
-		return &TopologyError{Object: object, Err: err,
+		return &Error{Object: object, Err: err,
 			Fix: "the broker lacks the consistent-hash exchange type: enable the plugin with `rabbitmq-plugins enable rabbitmq_consistent_hash_exchange`"}
 	case ae.Code == amqp.PreconditionFailed:
 		if m := inequivalent.FindStringSubmatch(ae.Reason); m != nil {
-			return &TopologyError{Object: m[2] + " " + m[3], Err: err,
+			return &Error{Object: m[2] + " " + m[3], Err: err,
 				Fix: fmt.Sprintf("the %s exists with a different %s than this service declares; "+
 					"set the service's variables to match it, or drain and delete the %s so it can be declared again, "+
 					"or set DECLARE_TOPOLOGY=false to use it as it is", m[2], m[1], m[2])}
 		}
-		return &TopologyError{Object: object, Err: err, Fix: "make the existing object match or delete it"}
+		return &Error{Object: object, Err: err, Fix: "make the existing object match or delete it"}
 	case ae.Code == amqp.AccessRefused:
-		return &TopologyError{Object: object, Err: err, Fix: "this user may not declare it: either have an administrator " +
+		return &Error{Object: object, Err: err, Fix: "this user may not declare it: either have an administrator " +
 			"declare the topology (`transferconsumer topology`, as a user with " + LeastGrants(t.Prefix, true).String() +
 			") and run the service with DECLARE_TOPOLOGY=false, which needs only " + LeastGrants(t.Prefix, false).String() +
 			", or grant this user " + LeastGrants(t.Prefix, true).String() + " on the vhost"}

@@ -1,4 +1,4 @@
-package consumer
+package topology
 
 import (
 	"errors"
@@ -34,10 +34,10 @@ func TestTranslateDeclareError(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := Topology{Prefix: "transfers"}.translateDeclareError("exchange transfers", tt.err)
-			var te *TopologyError
+			err := Spec{Prefix: "transfers"}.translateDeclareError("exchange transfers", tt.err)
+			var te *Error
 			if errors.As(err, &te) != tt.topology {
-				t.Errorf("TopologyError = %v, want %v: %v", !tt.topology, tt.topology, err)
+				t.Errorf("Error = %v, want %v: %v", !tt.topology, tt.topology, err)
 			}
 			for _, m := range tt.mentions {
 				if !strings.Contains(err.Error(), m) {
@@ -49,7 +49,7 @@ func TestTranslateDeclareError(t *testing.T) {
 }
 
 func TestQueueArgs(t *testing.T) {
-	args := Topology{Prefix: "p", Queues: 2, DeliveryLimit: 7}.QueueArgs()
+	args := Spec{Prefix: "p", Queues: 2, DeliveryLimit: 7}.QueueArgs()
 	want := map[string]any{
 		"x-queue-type": "quorum", "x-single-active-consumer": true, "x-delivery-limit": int64(7),
 		"x-dead-letter-exchange": "p.dlx", "x-dead-letter-strategy": "at-least-once", "x-overflow": "reject-publish",

@@ -1,4 +1,4 @@
-package consumer
+package topology
 
 import (
 	"context"
@@ -30,7 +30,7 @@ func TestManagementObserve(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	top := Topology{Prefix: "p", Queues: 2, DeliveryLimit: 3}
+	top := Spec{Prefix: "p", Queues: 2, DeliveryLimit: 3}
 
 	base, _ := url.Parse(srv.URL + "/prefix/")
 	m := &Management{URL: base}

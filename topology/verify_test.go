@@ -1,4 +1,4 @@
-package consumer
+package topology
 
 import (
 	"encoding/json"
@@ -10,7 +10,7 @@ import (
 // The JSON below is the shape RabbitMQ 3.10.8, 4.0.5 and 4.3.6 answer for
 // GET /api/queues/{vhost}/{name} and /api/exchanges/{vhost}/{name}.
 func TestVerify(t *testing.T) {
-	top := Topology{Prefix: "transfers", Queues: 2, DeliveryLimit: 10}
+	top := Spec{Prefix: "transfers", Queues: 2, DeliveryLimit: 10}
 	queue := func(typ string, args map[string]any) []byte {
 		b, _ := json.Marshal(map[string]any{"name": "q", "type": typ, "durable": true, "arguments": args,
 			"effective_policy_definition": nil})

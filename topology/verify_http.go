@@ -1,4 +1,4 @@
-package consumer
+package topology
 
 import (
 	"context"
@@ -30,7 +30,7 @@ type Management struct {
 // partition queue, the DLQ, its bindings, the hash exchange and the DLX.
 // An object that does not exist is nil in Observed. An error says why the
 // API could not answer; it never holds a password.
-func (m *Management) Observe(ctx context.Context, brokerURL string, t Topology, version string) (Observed, error) {
+func (m *Management) Observe(ctx context.Context, brokerURL string, t Spec, version string) (Observed, error) {
 	obs := Observed{Version: version, Queues: map[string][]byte{}, Exchanges: map[string][]byte{}}
 	base, user, password, vhost, err := m.target(brokerURL)
 	if err != nil {
