@@ -1,13 +1,44 @@
-package main
+package cli
 
 import (
 	"bytes"
+	"context"
 	"io"
+	"os"
 	"strings"
 	"testing"
 
 	"transferconsumer/dlq"
 )
+
+// run runs the command line args as the binary does, but for the service
+// itself (the run command), which it refuses.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return App{Migrations: os.DirFS("../sql"), Stdin: os.Stdin, Stdout: stdout, Stderr: stderr}.Run(ctx, args)
+}
+
+// --help names every command, then lists the variables.
+func TestHelpNamesEveryCommand(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(t.Context(), []string{"--help"}, &out, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, cmd := range []string{"migrate", "topology", "prune", "repartition", "dlq list", "dlq replay", "dlq drop", "reconcile"} {
+		if !strings.Contains(out.String(), "  "+cmd) {
+			t.Errorf("--help does not mention the command %s", cmd)
+		}
+	}
+	if !strings.Contains(out.String(), "\nVARIABLE ") {
+		t.Errorf("--help has no table of variables:\n%s", out.String())
+	}
+}
+
+func TestUnknownCommandFails(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(t.Context(), []string{"frobnicate"}, &out, &out); err == nil || !strings.Contains(err.Error(), "frobnicate") {
+		t.Errorf("got %v", err)
+	}
+}
 
 // noBroker makes any attempt to load the configuration or reach the broker
 // fail, so that what passes needed neither.

@@ -1,4 +1,4 @@
-package main
+package observe
 
 import (
 	"os"
@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"transferconsumer/config"
 )
 
 // The alert rules load, and each fires where its unit test says and only
@@ -29,7 +31,7 @@ func TestAlertRules(t *testing.T) {
 		{"test", "rules", "alerts_test.yml"},
 	} {
 		cmd := exec.Command(promtool, args...)
-		cmd.Dir = "prometheus"
+		cmd.Dir = "../prometheus"
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Errorf("promtool %v: %v\n%s", args, err, out)
 		}
@@ -40,13 +42,13 @@ func TestAlertRules(t *testing.T) {
 // a misspelt or renamed metric would never fire, and no unit test of the
 // rules alone can tell.
 func TestAlertRulesReadTheServicesMetrics(t *testing.T) {
-	rules, err := os.ReadFile("prometheus/alerts.yml")
+	rules, err := os.ReadFile("../prometheus/alerts.yml")
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The names every collector describes: a scrape of an idle service
 	// would lack the series that exist only for a blocked queue.
-	m := newMetrics(&health{}, config{QueueCount: 8})
+	m := NewMetrics(&Health{}, config.Config{QueueCount: 8})
 	descs := make(chan *prometheus.Desc, 1000)
 	for _, c := range m.collectors {
 		c.Describe(descs)

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"bytes"
@@ -36,7 +36,7 @@ func TestConfigRejectsBadValuesNamingTheVariable(t *testing.T) {
 			for k, v := range tt.env {
 				t.Setenv(k, v)
 			}
-			_, err := loadConfig()
+			_, err := Load()
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("error %v does not name %s", err, tt.want)
 			}
@@ -63,7 +63,7 @@ func TestConfigSaysWhatFormAValueShouldHave(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
 			t.Setenv(tt.name, tt.value)
-			_, err := loadConfig()
+			_, err := Load()
 			if err == nil || err.Error() != tt.want {
 				t.Errorf("got  %v\nwant %s", err, tt.want)
 			}
@@ -104,7 +104,7 @@ func TestConfigURLErrorsSayWhyWithoutTheURL(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
 			t.Setenv(tt.name, tt.value)
-			_, err := loadConfig()
+			_, err := Load()
 			if err == nil || err.Error() != "configuration: "+tt.want {
 				t.Errorf("got  %v\nwant configuration: %s", err, tt.want)
 			}
@@ -116,7 +116,7 @@ func TestConfigURLErrorsSayWhyWithoutTheURL(t *testing.T) {
 }
 
 func TestConfigDefaultsAreValid(t *testing.T) {
-	c, err := loadConfig()
+	c, err := Load()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,17 +126,12 @@ func TestConfigDefaultsAreValid(t *testing.T) {
 	}
 }
 
-// --help lists every variable, and GOGC, which the runtime reads, as rows of
-// one table, each column starting where its heading does.
+// --help lists every variable, and those the runtime and OpenTelemetry
+// read, as rows of one table, each column starting where its heading does.
 func TestHelpListsEveryVariable(t *testing.T) {
 	var out bytes.Buffer
-	if err := run(t.Context(), []string{"--help"}, &out, &out); err != nil {
+	if err := PrintUsage(&out); err != nil {
 		t.Fatal(err)
-	}
-	for _, cmd := range []string{"migrate", "topology", "prune", "repartition", "dlq list", "dlq replay"} {
-		if !strings.Contains(out.String(), "  "+cmd) {
-			t.Errorf("--help does not mention the command %s", cmd)
-		}
 	}
 	_, table, ok := strings.Cut(out.String(), "\nVARIABLE ")
 	if !ok {
@@ -154,13 +149,11 @@ func TestHelpListsEveryVariable(t *testing.T) {
 		rows[name] = line
 	}
 
-	tests := []struct{ name, meaning string }{
-		{"GOGC", "garbage-collection target"},
-		{"OTEL_EXPORTER_OTLP_ENDPOINT", "OTLP/HTTP endpoint"},
-		{"OTEL_TRACES_EXPORTER", "otlp to trace"},
-		{"OTEL_SERVICE_NAME", "service.name"},
+	var tests []struct{ name, meaning string }
+	for _, v := range Standard() {
+		tests = append(tests, struct{ name, meaning string }{v.Name, v.Meaning})
 	}
-	fields := reflect.TypeFor[config]()
+	fields := reflect.TypeFor[Config]()
 	for i := range fields.NumField() {
 		f := fields.Field(i)
 		tests = append(tests, struct{ name, meaning string }{f.Tag.Get("envconfig"), f.Tag.Get("desc")})
@@ -216,7 +209,7 @@ func TestRedactHidesEveryCredential(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.setting, func(t *testing.T) {
-			if got := redact(tt.setting); got != tt.want {
+			if got := Redact(tt.setting); got != tt.want {
 				t.Errorf("redact = %s, want %s", got, tt.want)
 			}
 		})
@@ -242,7 +235,7 @@ func TestRedactTextHidesCredentialsInErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.text, func(t *testing.T) {
-			if got := redactText(tt.text); got != tt.want {
+			if got := RedactText(tt.text); got != tt.want {
 				t.Errorf("redactText = %s\nwant %s", got, tt.want)
 			}
 		})
@@ -252,19 +245,12 @@ func TestRedactTextHidesCredentialsInErrors(t *testing.T) {
 // AMQP_URL may list a cluster's nodes; each is an AMQP URL of its own.
 func TestAMQPURLListsNodes(t *testing.T) {
 	t.Setenv("AMQP_URL", "amqp://g:g@n1:5672/, amqp://g:g@n2:5672/,amqp://g:g@n3:5672/")
-	c, err := loadConfig()
+	c, err := Load()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := c.consumerConfig(nil).URLs; len(got) != 3 || got[1] != "amqp://g:g@n2:5672/" {
+	if got := c.Consumer(nil).URLs; len(got) != 3 || got[1] != "amqp://g:g@n2:5672/" {
 		t.Errorf("URLs = %q, want the three nodes in order", got)
-	}
-}
-
-func TestUnknownCommandFails(t *testing.T) {
-	var out bytes.Buffer
-	if err := run(t.Context(), []string{"frobnicate"}, &out, &out); err == nil || !strings.Contains(err.Error(), "frobnicate") {
-		t.Errorf("got %v", err)
 	}
 }
 
@@ -287,11 +273,11 @@ func TestConfigReadsURLsFromFilesAtEachUse(t *testing.T) {
 	dbFile := writeSecret(t, "postgres://svc:one@db:5432/transfers?sslmode=verify-full\n")
 	t.Setenv("AMQP_URL_FILE", amqpFile)
 	t.Setenv("DATABASE_URL_FILE", dbFile)
-	c, err := loadConfig()
+	c, err := Load()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cc := c.consumerConfig(nil)
+	cc := c.Consumer(nil)
 	if cc.URLsFunc == nil {
 		t.Fatal("the consumer is given no URLsFunc: the file would be read once")
 	}
@@ -299,7 +285,7 @@ func TestConfigReadsURLsFromFilesAtEachUse(t *testing.T) {
 	if err != nil || len(urls) != 2 || urls[1] != "amqp://svc:one@n2:5672/vh" {
 		t.Fatalf("URLsFunc = %q, %v, want the file's two nodes", urls, err)
 	}
-	if u, err := c.databaseURL(); err != nil || u != "postgres://svc:one@db:5432/transfers?sslmode=verify-full" {
+	if u, err := c.Database(); err != nil || u != "postgres://svc:one@db:5432/transfers?sslmode=verify-full" {
 		t.Fatalf("databaseURL = %q, %v, want the file's URL without its newline", u, err)
 	}
 
@@ -313,18 +299,18 @@ func TestConfigReadsURLsFromFilesAtEachUse(t *testing.T) {
 	if urls, err := cc.URLsFunc(); err != nil || len(urls) != 1 || urls[0] != "amqp://svc:two@n1:5672/vh" {
 		t.Errorf("after the rotation URLsFunc = %q, %v, want the new URL", urls, err)
 	}
-	if u, err := c.databaseURL(); err != nil || u != "postgres://svc:two@db:5432/transfers" {
+	if u, err := c.Database(); err != nil || u != "postgres://svc:two@db:5432/transfers" {
 		t.Errorf("after the rotation databaseURL = %q, %v, want the new URL", u, err)
 	}
 
 	// Without the files, the consumer has its URLs once and for all.
 	t.Setenv("AMQP_URL_FILE", "")
 	t.Setenv("DATABASE_URL_FILE", "")
-	c, err = loadConfig()
+	c, err = Load()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cc := c.consumerConfig(nil); cc.URLsFunc != nil || len(cc.URLs) != 1 {
+	if cc := c.Consumer(nil); cc.URLsFunc != nil || len(cc.URLs) != 1 {
 		t.Errorf("without AMQP_URL_FILE: URLs %q, URLsFunc set %v", cc.URLs, cc.URLsFunc != nil)
 	}
 }
@@ -347,7 +333,7 @@ func TestConfigRefusesAValueAndItsFile(t *testing.T) {
 			for k, v := range tt.env {
 				t.Setenv(k, v)
 			}
-			_, err := loadConfig()
+			_, err := Load()
 			switch {
 			case tt.want == "" && err != nil:
 				t.Errorf("refused: %v", err)
@@ -392,7 +378,7 @@ func TestConfigFileErrorsNameTheFileNeverItsContent(t *testing.T) {
 			}
 			t.Setenv(tt.variable, "")
 			t.Setenv(tt.variable+"_FILE", path)
-			_, err := loadConfig()
+			_, err := Load()
 			want := "configuration: " + tt.variable + "_FILE" + strings.ReplaceAll(tt.want, "PATH", path)
 			if err == nil || err.Error() != want {
 				t.Errorf("got  %v\nwant %s", err, want)
@@ -420,7 +406,7 @@ func TestConfigMigrate(t *testing.T) {
 			if tt.value != "" {
 				t.Setenv("MIGRATE", tt.value)
 			}
-			c, err := loadConfig()
+			c, err := Load()
 			if err != nil || c.Migrate != tt.want {
 				t.Errorf("MIGRATE=%q: %v, %v, want %v", tt.value, c.Migrate, err, tt.want)
 			}
@@ -434,7 +420,7 @@ func TestConfigMigrate(t *testing.T) {
 func TestManagementURLFromAFile(t *testing.T) {
 	path := writeSecret(t, "http://mon:pw-one@h:15672\n")
 	t.Setenv("MANAGEMENT_URL_FILE", path)
-	c, err := loadConfig()
+	c, err := Load()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -453,14 +439,14 @@ func TestManagementURLFromAFile(t *testing.T) {
 	if err := os.WriteFile(path, []byte("s3cret"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, err = loadConfig()
+	_, err = Load()
 	want := "configuration: MANAGEMENT_URL_FILE (" + path + "): want http[s]://[user:password@]host:port, the file holds something else"
 	if err == nil || err.Error() != want {
 		t.Errorf("got  %v\nwant %s", err, want)
 	}
 
 	t.Setenv("MANAGEMENT_URL", "http://h:15672")
-	if _, err := loadConfig(); err == nil || !strings.Contains(err.Error(), "MANAGEMENT_URL and MANAGEMENT_URL_FILE are both set") {
+	if _, err := Load(); err == nil || !strings.Contains(err.Error(), "MANAGEMENT_URL and MANAGEMENT_URL_FILE are both set") {
 		t.Errorf("both set: %v", err)
 	}
 }

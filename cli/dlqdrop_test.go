@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -8,6 +8,7 @@ import (
 	"testing"
 	"testing/iotest"
 
+	"transferconsumer/config"
 	"transferconsumer/dlq"
 )
 
@@ -119,7 +120,7 @@ func TestDLQDropAsksOnlyATerminal(t *testing.T) {
 func TestDLQDropWithoutATerminalRefusesBeforeAnything(t *testing.T) {
 	noBroker(t)
 	t.Setenv("QUEUE_COUNT", "1") // a configuration, with a broker nobody can reach
-	cfg, err := loadConfig()
+	cfg, err := config.Load()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -12,10 +12,11 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
-	"github.com/prometheus/client_golang/prometheus"
 
+	"transferconsumer/config"
 	"transferconsumer/db"
 	"transferconsumer/dlq"
+	"transferconsumer/observe"
 )
 
 const reconcileUsage = `Usage: transferconsumer reconcile [--json] [-n N] [--skip-dlq | --require-dlq]
@@ -35,9 +36,9 @@ Reads the database in one consistent snapshot, changes nothing, and reports
 Exit status: 0 when nothing was found, 3 when something was, 1 on an error.
 `
 
-// exitFound is reconcile's exit status when it found something to look into:
+// ExitFound is reconcile's exit status when it found something to look into:
 // distinct from 1, an error, so that a job or a script can tell them apart.
-const exitFound = 3
+const ExitFound = 3
 
 // foundError is reconcile's answer when its report shows findings; the
 // report has said what, so main prints nothing more.
@@ -47,8 +48,9 @@ func (e foundError) Error() string {
 	return fmt.Sprintf("reconcile found %d kind(s) of finding", e.kinds)
 }
 
-// found reports whether err is reconcile's "found something".
-func found(err error) bool {
+// Found reports whether err is reconcile's "found something": the report
+// has said what, so the caller exits with ExitFound and prints nothing more.
+func Found(err error) bool {
 	_, ok := errors.AsType[foundError](err)
 	return ok
 }
@@ -135,7 +137,7 @@ func (r reconcileReport) findings() int {
 
 // reconcile runs one reconciliation; with exclusive, only if no other
 // replica's periodic run holds the lock (Ran says whether it did).
-func reconcile(ctx context.Context, database *sqlx.DB, cfg config, first int, exclusive, readDLQ bool) (reconcileReport, error) {
+func reconcile(ctx context.Context, database *sqlx.DB, cfg config.Config, first int, exclusive, readDLQ bool) (reconcileReport, error) {
 	start := time.Now()
 	rep := reconcileReport{Window: cfg.ReconcileWindow, After: cfg.PendingAfter, InboxTTL: cfg.InboxTTL}
 	var err error
@@ -156,7 +158,7 @@ func reconcile(ctx context.Context, database *sqlx.DB, cfg config, first int, ex
 // INBOX_TTL, and those that show no time at all: replay leaves both alone
 // (adr/0003), since the inbox may have forgotten an event they hold. It
 // reads the DLQ as dlq list does, returning every letter in place.
-func readDeadLetters(cfg config, first int) deadLetters {
+func readDeadLetters(cfg config.Config, first int) deadLetters {
 	conn, err := dial(cfg, "reconcile")
 	if err != nil {
 		return deadLetters{Error: "not read: " + err.Error()}
@@ -192,8 +194,8 @@ func readDeadLetters(cfg config, first int) deadLetters {
 	return d
 }
 
-func reconcileCommand(ctx context.Context, cfg config, migrations fs.FS, a reconcileArgs, stdout io.Writer) error {
-	database, err := db.OpenFrom(ctx, cfg.databaseURL, 2)
+func reconcileCommand(ctx context.Context, cfg config.Config, migrations fs.FS, a reconcileArgs, stdout io.Writer) error {
+	database, err := db.OpenFrom(ctx, cfg.Database, 2)
 	if err != nil {
 		return err
 	}
@@ -228,13 +230,14 @@ func reconcileCommand(ctx context.Context, cfg config, migrations fs.FS, a recon
 	return nil
 }
 
-// reconcileLoop runs the reconciliation every RECONCILE_INTERVAL until ctx
+// ReconcileLoop is the reconcile command run by the service: it runs the
+// reconciliation every RECONCILE_INTERVAL until ctx
 // ends, the first time a minute after start (or sooner, with a shorter
 // interval), so that a replica restarted more often than the interval
 // still reports. Replicas take turns through a transaction-scoped advisory
 // lock, as retention does: a run that finds another running does nothing.
 // A failed run is logged and retried at the next tick.
-func reconcileLoop(ctx context.Context, database *sqlx.DB, cfg config, m *metrics, log *slog.Logger) {
+func ReconcileLoop(ctx context.Context, database *sqlx.DB, cfg config.Config, m *observe.Metrics, log *slog.Logger) {
 	if cfg.ReconcileEvery <= 0 {
 		return
 	}
@@ -256,7 +259,8 @@ func reconcileLoop(ctx context.Context, database *sqlx.DB, cfg config, m *metric
 		case err != nil && ctx.Err() == nil:
 			log.Error("reconcile failed", "err", err)
 		case err == nil && rep.Ran:
-			m.reconcile.set(rep)
+			m.Reconciled(observe.Reconciliation{Drift: rep.DriftCount, Duplicates: rep.DupCount, Waiting: rep.WaitCount,
+				OldLetters: oldLetters(rep.DeadLetters), Took: rep.Duration})
 			logReconcile(log, rep)
 		}
 	}
@@ -307,36 +311,4 @@ func oldLetters(d deadLetters) int {
 		return -1
 	}
 	return d.Old + d.Undated
-}
-
-// reconcileGauges are the periodic reconciliation's series: -1 until the
-// first run (and the dead letters' while the DLQ is not read).
-type reconcileGauges struct {
-	drift, duplicates, waiting, oldLetters, lastEnd, duration prometheus.Gauge
-}
-
-func newReconcileGauges(ns string) (reconcileGauges, []prometheus.Collector) {
-	gauge := func(name, help string, initial float64) prometheus.Gauge {
-		g := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Name: "reconcile_" + name, Help: help})
-		g.Set(initial)
-		return g
-	}
-	g := reconcileGauges{
-		drift:      gauge("accounts_in_drift", "Accounts whose balance is not the net of their transfers, at the last reconciliation; -1 before the first.", -1),
-		duplicates: gauge("duplicate_intents", "Creations repeating another's intent within RECONCILE_WINDOW under another transferId, at the last reconciliation.", -1),
-		waiting:    gauge("waiting_transitions", "Transitions waiting for their creation longer than RECONCILE_PENDING_AFTER, at the last reconciliation.", -1),
-		oldLetters: gauge("old_dead_letters", "Dead letters older than INBOX_TTL or undated, at the last reconciliation; -1 when the DLQ was not read (RECONCILE_DLQ).", -1),
-		lastEnd:    gauge("last_run_end_seconds", "Unix time the last reconciliation of this instance ended; 0 before the first.", 0),
-		duration:   gauge("last_run_duration_seconds", "How long the last reconciliation of this instance took.", 0),
-	}
-	return g, []prometheus.Collector{g.drift, g.duplicates, g.waiting, g.oldLetters, g.lastEnd, g.duration}
-}
-
-func (g reconcileGauges) set(rep reconcileReport) {
-	g.drift.Set(float64(rep.DriftCount))
-	g.duplicates.Set(float64(rep.DupCount))
-	g.waiting.Set(float64(rep.WaitCount))
-	g.oldLetters.Set(float64(oldLetters(rep.DeadLetters)))
-	g.lastEnd.Set(float64(time.Now().UnixMilli()) / 1000)
-	g.duration.Set(rep.Duration.Seconds())
 }

@@ -1,4 +1,8 @@
-package main
+// Package observe is what the service shows of itself: /healthz and
+// /readyz (Health), the Prometheus series (Metrics), the log lines
+// (NewLogger) and the traces (NewTracer), and the HTTP server that serves
+// the probes, the metrics and, when asked, Go's profiles (Serve).
+package observe
 
 import (
 	"context"
@@ -10,21 +14,28 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"transferconsumer/config"
 	"transferconsumer/consumer"
 	"transferconsumer/db"
 	"transferconsumer/topology"
 )
 
-// health is what /readyz and the scrape-time gauges read. The HTTP server
+// Health is what /readyz and the scrape-time gauges read. The HTTP server
 // starts before the database is open and before the consumer exists, so
 // that a probe is answered from the first instant; each part is filled in
 // as start-up gets to it.
-type health struct {
+type Health struct {
 	svc      atomic.Pointer[consumer.Service]
 	database atomic.Pointer[sqlx.DB]
 	starting atomic.Pointer[string]      // why the database is not ready yet, during start-up
 	schema   atomic.Pointer[schemaState] // nil until the schema was first checked
 }
+
+// Database records the database, once it is open.
+func (h *Health) Database(database *sqlx.DB) { h.database.Store(database) }
+
+// Service records the consumer, once it exists.
+func (h *Health) Service(svc *consumer.Service) { h.svc.Store(svc) }
 
 // schemaState is what start-up last found of the schema.
 type schemaState struct {
@@ -33,8 +44,8 @@ type schemaState struct {
 	missing []string // the migrations missing, when that is why
 }
 
-// schemaWaiting records why start-up waits for the schema.
-func (h *health) schemaWaiting(err error) {
+// SchemaWaiting records why start-up waits for the schema.
+func (h *Health) SchemaWaiting(err error) {
 	st := &schemaState{reason: err.Error()}
 	if behind, ok := errors.AsType[*db.Behind](err); ok {
 		st.missing = behind.Missing
@@ -42,17 +53,17 @@ func (h *health) schemaWaiting(err error) {
 	h.schema.Store(st)
 }
 
-// schemaCurrent records that the schema has every migration.
-func (h *health) schemaCurrent() { h.schema.Store(&schemaState{current: true}) }
+// SchemaCurrent records that the schema has every migration.
+func (h *Health) SchemaCurrent() { h.schema.Store(&schemaState{current: true}) }
 
-// setStarting records why start-up waits for the database.
-func (h *health) setStarting(format string, a ...any) {
+// Starting records why start-up waits for the database.
+func (h *Health) Starting(format string, a ...any) {
 	s := fmt.Sprintf(format, a...)
 	h.starting.Store(&s)
 }
 
 // state returns the consumer's state; before it exists, nothing connected.
-func (h *health) state() consumer.State {
+func (h *Health) state() consumer.State {
 	if svc := h.svc.Load(); svc != nil {
 		return svc.State()
 	}
@@ -60,7 +71,7 @@ func (h *health) state() consumer.State {
 }
 
 // pingDB pings the database; before it is open, it returns why not.
-func (h *health) pingDB() error {
+func (h *Health) pingDB() error {
 	database := h.database.Load()
 	if database == nil {
 		if s := h.starting.Load(); s != nil {
@@ -78,7 +89,7 @@ func (h *health) pingDB() error {
 // blocked and none beyond QUEUE_COUNT is left unconsumed; otherwise each
 // part that is not says why in words ("database", "broker"), beside the
 // figures.
-func (h *health) readiness() (int, map[string]any) {
+func (h *Health) readiness() (int, map[string]any) {
 	st := h.state()
 	dbErr := h.pingDB()
 	body := map[string]any{
@@ -92,7 +103,7 @@ func (h *health) readiness() (int, map[string]any) {
 	}
 	ready := dbErr == nil
 	if dbErr != nil {
-		body["database"] = redactErr(dbErr)
+		body["database"] = config.RedactErr(dbErr)
 		body["database_error"] = body["database"]
 	}
 	schema := h.schema.Load()
@@ -100,7 +111,7 @@ func (h *health) readiness() (int, map[string]any) {
 	case schema == nil:
 		body["schema"] = "not checked yet: waiting for the database"
 	case !schema.current:
-		body["schema"] = redactText(schema.reason)
+		body["schema"] = config.RedactText(schema.reason)
 		if len(schema.missing) > 0 {
 			body["missing_migrations"] = schema.missing
 		}
@@ -112,7 +123,7 @@ func (h *health) readiness() (int, map[string]any) {
 	case h.svc.Load() == nil:
 		body["broker"] = "not started: waiting for the database"
 	case !st.Connected && st.BrokerErr != "":
-		body["broker"] = redactText(st.BrokerErr)
+		body["broker"] = config.RedactText(st.BrokerErr)
 	case !st.Connected:
 		body["broker"] = "connecting"
 	case st.Consuming < st.Queues:
@@ -125,7 +136,7 @@ func (h *health) readiness() (int, map[string]any) {
 		for _, b := range st.Blocked {
 			blocked = append(blocked, map[string]any{
 				"queue": b.Queue, "event_id": b.EventID, "since": b.Since.UTC().Format(time.RFC3339Nano),
-				"class": string(b.Class), "attempts": b.Attempts, "reason": redactText(b.Reason),
+				"class": string(b.Class), "attempts": b.Attempts, "reason": config.RedactText(b.Reason),
 			})
 		}
 		body["blocked_queues"] = blocked
@@ -156,7 +167,7 @@ func topologyReadiness(check *topology.Check, body map[string]any) bool {
 	if check == nil {
 		return true // the service declares its own
 	}
-	body["topology"] = redactText(check.Status)
+	body["topology"] = config.RedactText(check.Status)
 	if len(check.Findings) == 0 {
 		return true
 	}

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"crypto/tls"
@@ -31,7 +31,7 @@ import (
 // variables or from their files now. It returns the first problem, naming
 // the variable (and the URL's place in AMQP_URL's list), the parameter,
 // the file and why; it never quotes a URL, so never a password.
-func (c config) checkTLSFiles() error {
+func (c Config) checkTLSFiles() error {
 	setting, name, err := fromFile("AMQP_URL", c.AMQPURL, c.AMQPURLFile)
 	if err != nil {
 		return err

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bufio"
@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"transferconsumer/config"
 	"transferconsumer/dlq"
 )
 
@@ -17,7 +18,7 @@ import (
 // Then, unless --yes, it shows what a dry run finds and asks; what it drops
 // is at most as many letters as it showed, each recorded before it goes.
 // With --record - the records go to stdout and everything else to stderr.
-func dropCommand(cfg config, a dlqArgs, stdin io.Reader, stdout, stderr io.Writer) error {
+func dropCommand(cfg config.Config, a dlqArgs, stdin io.Reader, stdout, stderr io.Writer) error {
 	report := stdout
 	var rec dlq.Recorder
 	where := a.record

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"context"
@@ -7,13 +7,15 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"transferconsumer/config"
 	"transferconsumer/db"
+	"transferconsumer/observe"
 )
 
-// pruneLoop applies the inbox retention (adr/0003) every interval until ctx
-// ends. Replicas take turns through an advisory lock; a failed run is logged
+// PruneLoop is the prune command run by the service: it applies the inbox
+// retention (adr/0003) every PRUNE_INTERVAL until ctx ends. Replicas take turns through an advisory lock; a failed run is logged
 // and retried at the next tick, since consumers never wait for it.
-func pruneLoop(ctx context.Context, database *sqlx.DB, cfg config, m *metrics, log *slog.Logger) {
+func PruneLoop(ctx context.Context, database *sqlx.DB, cfg config.Config, m *observe.Metrics, log *slog.Logger) {
 	tick := time.NewTicker(cfg.PruneInterval)
 	defer tick.Stop()
 	for {
@@ -24,7 +26,7 @@ func pruneLoop(ctx context.Context, database *sqlx.DB, cfg config, m *metrics, l
 		}
 		start := time.Now()
 		res, err := db.Prune(ctx, database, cfg.InboxTTL, cfg.PruneBatch)
-		m.pruned.Add(float64(res.Deleted))
+		m.Pruned(res.Deleted)
 		switch {
 		case err != nil && ctx.Err() == nil:
 			log.Error("inbox prune failed", "err", err, "deleted", res.Deleted)

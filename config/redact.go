@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"net/url"
@@ -36,21 +36,21 @@ var (
 	quoted = regexp.MustCompile(` ?"(?:[^"\\]|\\.)*"`)
 )
 
-// redact returns a connection setting (a URL, AMQP_URL's comma-separated
+// Redact returns a connection setting (a URL, AMQP_URL's comma-separated
 // list of them, or lib/pq's key=value form) with every credential hidden,
 // for log lines and errors.
-func redact(setting string) string {
+func Redact(setting string) string {
 	wholeSetting := func(s string, _ int) int { return len(s) }
 	return hideKeyValues(hideInURLs(setting, wholeSetting))
 }
 
-// redactErr returns err's text with every credential in it hidden: a parse
+// RedactErr returns err's text with every credential in it hidden: a parse
 // error quotes the URL it could not parse.
-func redactErr(err error) string { return redactText(err.Error()) }
+func RedactErr(err error) string { return RedactText(err.Error()) }
 
-// redactText returns s, any text, with the credentials of every URL or
+// RedactText returns s, any text, with the credentials of every URL or
 // key=value connection string in it hidden.
-func redactText(s string) string { return hideKeyValues(hideInURLs(s, urlEndInText)) }
+func RedactText(s string) string { return hideKeyValues(hideInURLs(s, urlEndInText)) }
 
 // hideInURLs hides the credentials of each URL in s; end(s, i) says where
 // the URL beginning at i ends, and the next URL's scheme ends it sooner.
@@ -159,7 +159,7 @@ func hideKeyValues(s string) string {
 // on, and that piece may be part of a password: a "/" in one ends the host
 // early, and url.Parse then reports the invalid port ":s3".
 func reasonWithoutCredentials(reason, setting string) (string, bool) {
-	shown := redact(setting)
+	shown := Redact(setting)
 	dropped := false
 	reason = quoted.ReplaceAllStringFunc(reason, func(q string) string {
 		if s, err := strconv.Unquote(strings.TrimPrefix(q, " ")); err == nil && strings.Contains(shown, s) {
@@ -168,5 +168,5 @@ func reasonWithoutCredentials(reason, setting string) (string, bool) {
 		dropped = true
 		return ""
 	})
-	return redactText(reason), dropped
+	return RedactText(reason), dropped
 }

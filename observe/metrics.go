@@ -1,4 +1,4 @@
-package main
+package observe
 
 import (
 	"context"
@@ -7,14 +7,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"transferconsumer/config"
 	"transferconsumer/consumer"
 	"transferconsumer/db"
 )
 
-// metrics are the service's Prometheus series. Each is fed from one place:
+// Metrics are the service's Prometheus series. Each is fed from one place:
 // the consumer's decision and retry hooks, the prune job, or a scrape-time
 // read of the service's state.
-type metrics struct {
+type Metrics struct {
 	registry   *prometheus.Registry
 	collectors []prometheus.Collector // what registry holds
 	events     *prometheus.CounterVec
@@ -31,9 +32,11 @@ type metrics struct {
 	appliedLatency, duplicateLatency prometheus.Observer
 }
 
-func newMetrics(h *health, cfg config) *metrics {
+// NewMetrics returns the series, registered: those fed by the hooks below,
+// and those read at scrape time from h and from two settings of cfg.
+func NewMetrics(h *Health, cfg config.Config) *Metrics {
 	const ns = "transferconsumer"
-	m := &metrics{
+	m := &Metrics{
 		registry: prometheus.NewRegistry(),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "events_total",
@@ -125,8 +128,8 @@ func newMetrics(h *health, cfg config) *metrics {
 	return m
 }
 
-// decided is the consumer's Observe hook.
-func (m *metrics) decided(d consumer.Decision) {
+// Decided is the consumer's Observe hook.
+func (m *Metrics) Decided(d consumer.Decision) {
 	switch {
 	case d.Action == consumer.ActionAck && d.Class == "" && !d.Duplicate:
 		m.applied.Inc()
@@ -145,13 +148,19 @@ func (m *metrics) decided(d consumer.Decision) {
 	}
 }
 
-// retried is the consumer's ObserveRetry hook.
-func (m *metrics) retried(consumer.Retry) { m.retries.Inc() }
+// Retried is the consumer's ObserveRetry hook.
+func (m *Metrics) Retried(consumer.Retry) { m.retries.Inc() }
+
+// Batch is the consumer's ObserveBatch hook.
+func (m *Metrics) Batch(n int) { m.batches.Observe(float64(n)) }
+
+// Pruned counts inbox rows removed by retention.
+func (m *Metrics) Pruned(rows int64) { m.pruned.Add(float64(rows)) }
 
 // blockedSince reports, for every partition queue, since when it has been
 // blocked, read from the service's state at scrape time.
 type blockedSince struct {
-	h    *health
+	h    *Health
 	desc *prometheus.Desc
 }
 

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"bytes"
@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"transferconsumer/config"
 	"transferconsumer/db"
 )
 
@@ -36,8 +37,8 @@ func TestReconcileArgumentsBeforeConnecting(t *testing.T) {
 				t.Errorf("no usage:\n%s", stdout.String())
 			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), "Usage:")):
 				t.Errorf("got %v, want %q and the usage", err, tt.want)
-			case tt.want != "" && found(err):
-				t.Errorf("a wrong flag would exit %d, want 1", exitFound)
+			case tt.want != "" && Found(err):
+				t.Errorf("a wrong flag would exit %d, want 1", ExitFound)
 			}
 		})
 	}
@@ -52,14 +53,14 @@ func TestReconcileSettingsAreChecked(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Setenv(tt.name, tt.value)
-			_, err := loadConfig()
+			_, err := config.Load()
 			if err == nil || !strings.Contains(err.Error(), tt.name) || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("%s=%s: %v, want an error naming it, %q", tt.name, tt.value, err, tt.want)
 			}
 		})
 	}
 	t.Setenv("RECONCILE_INTERVAL", "0")
-	if c, err := loadConfig(); err != nil || c.ReconcileEvery != 0 {
+	if c, err := config.Load(); err != nil || c.ReconcileEvery != 0 {
 		t.Errorf("RECONCILE_INTERVAL=0 (off): %v, %v", c.ReconcileEvery, err)
 	}
 }

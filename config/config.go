@@ -1,27 +1,23 @@
-package main
+// Package config is the service's configuration: every setting an
+// environment variable (Config, read and checked by Load), the URLs read
+// from files at each use, the TLS files those URLs name, checked at start,
+// and the redaction of every credential wherever a setting is printed.
+package config
 
 import (
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/url"
 	"os"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/kelseyhightower/envconfig"
-	amqp "github.com/rabbitmq/amqp091-go"
-
-	"transferconsumer/consumer"
-	"transferconsumer/retry"
-	"transferconsumer/topology"
 )
 
-// config is every setting, each an environment variable; --help prints them.
-type config struct {
+// Config is every setting, each an environment variable; --help prints them.
+type Config struct {
 	AMQPURL         string        `envconfig:"AMQP_URL" default:"amqp://guest:guest@localhost:5672/" desc:"RabbitMQ URL, vhost included; for a cluster, one URL per node, comma-separated, tried in turn (on loss the service moves to the next)"`
 	AMQPURLFile     string        `envconfig:"AMQP_URL_FILE" desc:"file holding AMQP_URL's value (e.g. a mounted secret), read again at each connect, so a rotated password needs no restart; not with AMQP_URL"`
 	DatabaseURL     string        `envconfig:"DATABASE_URL" default:"postgres://postgres@localhost:5432/transfers?sslmode=disable" desc:"PostgreSQL URL; the database is created if missing (when the user may and MIGRATE=true)"`
@@ -60,8 +56,11 @@ type config struct {
 	LogFormat       string        `envconfig:"LOG_FORMAT" default:"json" desc:"json or text"`
 }
 
-func loadConfig() (config, error) {
-	var c config
+// Load reads every setting from the environment and checks it: an error
+// names the variable and says what form its value should have, and never
+// quotes a password.
+func Load() (Config, error) {
+	var c Config
 	if err := envconfig.Process("", &c); err != nil {
 		if pe, ok := errors.AsType[*envconfig.ParseError](err); ok {
 			return c, fmt.Errorf("configuration: %s: %s", pe.KeyName, notConverted(pe))
@@ -75,7 +74,11 @@ func loadConfig() (config, error) {
 			return c, fmt.Errorf("configuration: %s and %[1]s_FILE are both set: set one", name)
 		}
 	}
-	return c, c.validate()
+	if err := c.validate(); err != nil {
+		return c, err
+	}
+	_, err := LoadTracing()
+	return c, err
 }
 
 // notConverted says, by the type of its field, what form a value envconfig
@@ -105,14 +108,14 @@ func notConverted(pe *envconfig.ParseError) string {
 }
 
 // validate rejects values the service cannot run with, naming the variable.
-func (c config) validate() error {
+func (c Config) validate() error {
 	bad := func(name, format string, a ...any) error {
 		return fmt.Errorf("configuration: %s: %s", name, fmt.Sprintf(format, a...))
 	}
-	if _, err := c.brokerURLs(); err != nil {
+	if _, err := c.BrokerURLs(); err != nil {
 		return fmt.Errorf("configuration: %w", err)
 	}
-	if _, err := c.databaseURL(); err != nil {
+	if _, err := c.Database(); err != nil {
 		return fmt.Errorf("configuration: %w", err)
 	}
 	if _, err := c.management(); err != nil {
@@ -168,254 +171,10 @@ func (c config) validate() error {
 	return nil
 }
 
-// urlProblem says why setting, or one URL of its list, does not parse,
-// without quoting it: a *url.Error's text holds the whole URL, password
-// included, so the reason is its inner error, stripped of any fragment
-// that belongs to a credential.
-func urlProblem(err error, setting string) string {
-	if ue, ok := errors.AsType[*url.Error](err); ok {
-		err = ue.Err
-	}
-	reason, dropped := reasonWithoutCredentials(err.Error(), setting)
-	if dropped || strings.Contains(reason, "userinfo") {
-		reason += "; a / ? # @ % , or blank in a password must be percent-encoded"
-	}
-	return reason
-}
-
-// brokerURLs returns the broker's URLs, one or one per node of a cluster:
-// AMQP_URL's, or those in AMQP_URL_FILE, read now. Each must be an AMQP
-// URL. An error names the variable (and the file) and never quotes a
-// password.
-func (c config) brokerURLs() ([]string, error) {
-	setting, name, err := fromFile("AMQP_URL", c.AMQPURL, c.AMQPURLFile)
-	if err != nil {
-		return nil, err
-	}
-	urls := splitURLs(setting)
-	for i, u := range urls {
-		where := name
-		if len(urls) > 1 {
-			where = fmt.Sprintf("%s: URL %d", name, i+1)
-		}
-		if _, err := url.Parse(u); err != nil {
-			return nil, fmt.Errorf("%s: not a URL (%s)", where, urlProblem(err, quotable(setting, c.AMQPURLFile)))
-		}
-		if _, err := amqp.ParseURI(u); err != nil {
-			return nil, fmt.Errorf("%s: not an AMQP URL (%s)", where, urlProblem(err, quotable(setting, c.AMQPURLFile)))
-		}
-	}
-	return urls, nil
-}
-
-// quotable returns what of setting an error may quote, redacted: all of
-// it when it is a variable's value, nothing when it was read from a file.
-// A file may hold anything, a bare password by mistake too, and nothing
-// there is known to be safe to print.
-func quotable(setting, file string) string {
-	if file != "" {
-		return ""
-	}
-	return setting
-}
-
-// databaseURL returns DATABASE_URL, or what DATABASE_URL_FILE holds, read
-// now, once it is checked to be a PostgreSQL URL. An error names the
-// variable (and the file) and never quotes a password. It is the
-// database pool's db.Source: asked again for each new connection.
-func (c config) databaseURL() (string, error) {
-	setting, name, err := fromFile("DATABASE_URL", c.DatabaseURL, c.DatabaseURLFile)
-	if err != nil {
-		return "", err
-	}
-	u, err := url.Parse(setting)
-	if err != nil {
-		return "", fmt.Errorf("%s: not a URL (%s)", name, urlProblem(err, quotable(setting, c.DatabaseURLFile)))
-	}
-	if (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" {
-		got := "the file holds something else"
-		if c.DatabaseURLFile == "" {
-			got = fmt.Sprintf("got %q", redact(setting))
-		}
-		return "", fmt.Errorf("%s: want postgres://user@host:port/database?sslmode=…, %s", name, got)
-	}
-	return setting, nil
-}
-
-// maxSecretFile bounds what is read of a *_FILE: a URL, not a disk image.
-const maxSecretFile = 64 << 10
-
-// fromFile returns a setting's value, and how to name it in an error: the
-// variable's own value when file is "", else the file's content, read now,
-// without the blanks and newline around it (a secret written by echo, or
-// by an editor, ends with one). A file that cannot be read, is empty, or is
-// larger than a URL has any reason to be is an error that names it.
-func fromFile(variable, value, file string) (string, string, error) {
-	if file == "" {
-		return value, variable, nil
-	}
-	name := fmt.Sprintf("%s_FILE (%s)", variable, file)
-	f, err := os.Open(file)
-	if err != nil {
-		return "", name, fmt.Errorf("%s_FILE: %w", variable, err) // *PathError names the file
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxSecretFile+1))
-	switch {
-	case err != nil:
-		return "", name, fmt.Errorf("%s_FILE: %w", variable, err)
-	case len(b) > maxSecretFile:
-		return "", name, fmt.Errorf("%s: larger than %d KiB: not a URL", name, maxSecretFile>>10)
-	}
-	v := strings.TrimSpace(string(b))
-	if v == "" {
-		return "", name, fmt.Errorf("%s: empty", name)
-	}
-	return v, name, nil
-}
-
-// splitURLs splits a list of URLs at commas, and at line ends (a file may
-// hold one URL per line).
-func splitURLs(setting string) []string {
-	var urls []string
-	for _, u := range strings.FieldsFunc(setting, func(r rune) bool { return r == ',' || r == '\n' || r == '\r' }) {
-		if u = strings.TrimSpace(u); u != "" {
-			urls = append(urls, u)
-		}
-	}
-	if len(urls) == 0 {
-		return []string{""} // ParseURI says what is wrong with it
-	}
-	return urls
-}
-
-func (c config) instance() string {
-	if c.InstanceName != "" {
-		return c.InstanceName
-	}
-	host, _ := os.Hostname()
-	return fmt.Sprintf("%s-%d", host, os.Getpid())
-}
-
 // maxBatch bounds BATCH_MAX: a batch's transaction holds the locks of all
 // its events until the commit, and its events wait for each other; beyond
 // a few hundred nothing more is amortised (adr/0006).
 const maxBatch = 500
-
-// pprofAddr is where /debug/pprof is served: nowhere unless PPROF=true.
-func (c config) pprofAddr() string {
-	if !c.Pprof {
-		return ""
-	}
-	return c.PprofAddr
-}
-
-func (c config) dbMaxConns() int {
-	if c.DBMaxConns > 0 {
-		return c.DBMaxConns
-	}
-	// One per consuming queue, plus the prune job, the readiness ping and the
-	// oldest-row gauge, so that none of them makes a consumer wait.
-	return c.QueueCount + 4
-}
-
-func (c config) backoff() retry.Backoff {
-	return retry.Backoff{Min: c.ReconnectMin, Max: c.ReconnectMax}
-}
-
-func (c config) topology() topology.Spec {
-	return topology.Spec{Prefix: c.Prefix, Queues: c.QueueCount, DeliveryLimit: c.DeliveryLimit}
-}
-
-// management returns the management API MANAGEMENT_URL names, nil when
-// it is unset. An error names the variable and never quotes a password.
-func (c config) management() (*topology.Management, error) {
-	if c.ManagementURL == "" && c.MgmtURLFile == "" {
-		return nil, nil
-	}
-	u, err := c.managementURL()
-	if err != nil {
-		return nil, err
-	}
-	m := &topology.Management{URL: u}
-	if c.MgmtURLFile != "" {
-		m.URLFunc = c.managementURL
-	}
-	return m, nil
-}
-
-// managementURL returns MANAGEMENT_URL, or what MANAGEMENT_URL_FILE holds,
-// read now, once it is checked to be an http or https URL.
-func (c config) managementURL() (*url.URL, error) {
-	setting, name, err := fromFile("MANAGEMENT_URL", c.ManagementURL, c.MgmtURLFile)
-	if err != nil {
-		return nil, err
-	}
-	u, err := url.Parse(setting)
-	if err != nil {
-		return nil, fmt.Errorf("%s: not a URL (%s)", name, urlProblem(err, quotable(setting, c.MgmtURLFile)))
-	}
-	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
-		got := "the file holds something else"
-		if c.MgmtURLFile == "" {
-			got = fmt.Sprintf("got %q", redact(setting))
-		}
-		return nil, fmt.Errorf("%s: want http[s]://[user:password@]host:port, %s", name, got)
-	}
-	return u, nil
-}
-
-func (c config) consumerConfig(log *slog.Logger) consumer.Config {
-	urls, _ := c.brokerURLs() // validated at load; a file is read again at each dial
-	mgmt, _ := c.management() // validated at load
-	var urlsFunc func() ([]string, error)
-	if c.AMQPURLFile != "" {
-		urlsFunc = c.brokerURLs
-	}
-	return consumer.Config{
-		URLs:            urls,
-		URLsFunc:        urlsFunc,
-		Topology:        c.topology(),
-		Declare:         c.DeclareTopology,
-		Management:      mgmt,
-		Instance:        c.instance(),
-		ReplicaIndex:    c.ReplicaIndex,
-		ReplicaCount:    c.ReplicaCount,
-		ShutdownTimeout: c.ShutdownTimeout,
-		ApplyTimeout:    c.ApplyTimeout,
-		BatchMax:        c.BatchMax,
-		BatchLinger:     c.BatchLinger,
-		MaxBodyBytes:    c.MaxBodyBytes,
-		Retry:           retry.Backoff{Min: c.RetryMin, Max: c.RetryMax},
-		Reconnect:       c.backoff(),
-		Logger:          log,
-	}
-}
-
-func printUsage(w io.Writer) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	const format = "Environment variables:\n\n" +
-		"VARIABLE\tDEFAULT\tMEANING\n" +
-		"{{range .}}{{usage_key .}}\t{{usage_default .}}\t{{usage_description .}}\n{{end}}"
-	if err := envconfig.Usagef("", &config{}, tw, format); err != nil {
-		return err
-	}
-	// GOGC is the Go runtime's, not a field: main sets defaultGCPercent only
-	// when it is unset.
-	fmt.Fprintf(tw, "GOGC\t%d when unset\tGo's garbage-collection target, in percent of the live heap; the service's heap is small, "+
-		"so %[1]d trades about 12 MiB of memory for a quarter of the collections (BENCHMARKS.md)\n", defaultGCPercent)
-	// OpenTelemetry's standard variables, read by tracing.go and its
-	// exporter: traces go out only when one of the first two is set.
-	for _, v := range [][3]string{
-		{"OTEL_EXPORTER_OTLP_ENDPOINT", "", "OTLP/HTTP endpoint (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT); when set, each delivery and transaction is traced"},
-		{"OTEL_TRACES_EXPORTER", "", "otlp to trace (with the exporter's defaults), none to never trace"},
-		{"OTEL_SERVICE_NAME", "transferconsumer", "service.name of the spans"},
-	} {
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", v[0], v[1], v[2])
-	}
-	fmt.Fprintln(tw)
-	return tw.Flush()
-}
 
 func parseLevel(s string) (slog.Level, error) {
 	var l slog.Level
@@ -423,19 +182,8 @@ func parseLevel(s string) (slog.Level, error) {
 	return l, err
 }
 
-// newLogger returns the service's logger, writing to w through a logSink:
-// info and debug lines at most 100 ms late, warnings and errors at once.
-// The returned function writes what is held; call it before exiting.
-func newLogger(c config, w io.Writer) (*slog.Logger, func() error, error) {
-	level, err := parseLevel(c.LogLevel)
-	if err != nil {
-		return nil, nil, err
-	}
-	sink := newLogSink(w, 100*time.Millisecond, 64<<10)
-	opts := &slog.HandlerOptions{Level: level}
-	var h slog.Handler = plainJSON{slog.NewJSONHandler(sink, opts), level, sink}
-	if c.LogFormat == "text" {
-		h = slog.NewTextHandler(sink, opts)
-	}
-	return slog.New(flushAbove{h, slog.LevelWarn, sink}), sink.Close, nil
+// Level returns LOG_LEVEL, which Load checked.
+func (c Config) Level() slog.Level {
+	l, _ := parseLevel(c.LogLevel)
+	return l
 }

@@ -1,4 +1,4 @@
-package main
+package kubernetes_test
 
 import (
 	"bytes"
@@ -24,21 +24,23 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
+
+	"transferconsumer/config"
 )
 
-// The manifests in kubernetes/ are checked here, without a cluster: each
+// The manifests in this directory are checked here, without a cluster: each
 // document decoded strictly into the API type of its kind, then what the
 // service needs of them (its variables, replicas, shutdown, probes, user,
 // secrets, memory). TestKubernetesChecksCatchMistakes breaks them on
 // purpose, one mistake at a time, and fails unless the checks notice.
 
 const (
-	manifestDir = "kubernetes"
+	manifestDir = "."
 
 	// shutdownMargin is what the process may still take after
 	// SHUTDOWN_TIMEOUT: leaving a worker stuck in the database behind
 	// (5 s, consumer/service.go), flushing traces (5 s, main.go) and
-	// stopping the HTTP server (5 s, http.go).
+	// stopping the HTTP server (5 s, observe/http.go).
 	shutdownMargin = 15 * time.Second
 
 	// measuredRSS is the service's peak RSS at 32 queues, BATCH_MAX=1
@@ -296,12 +298,12 @@ func checkManifests(files map[string][]byte) []error {
 // GOMEMLIMIT, the Go runtime's own.
 func checkEnv(c corev1.Container) (map[string]corev1.EnvVar, []error) {
 	known := map[string]bool{"GOMEMLIMIT": true}
-	fields := reflect.TypeFor[config]()
+	fields := reflect.TypeFor[config.Config]()
 	for i := range fields.NumField() {
 		known[fields.Field(i).Tag.Get("envconfig")] = true
 	}
 	var help bytes.Buffer
-	if err := printUsage(&help); err != nil {
+	if err := config.PrintUsage(&help); err != nil {
 		return nil, []error{err}
 	}
 	_, table, _ := strings.Cut(help.String(), "\nVARIABLE ")
@@ -333,7 +335,7 @@ func setting(env map[string]corev1.EnvVar, name string) string {
 	if e, ok := env[name]; ok {
 		return e.Value
 	}
-	fields := reflect.TypeFor[config]()
+	fields := reflect.TypeFor[config.Config]()
 	for i := range fields.NumField() {
 		if f := fields.Field(i); f.Tag.Get("envconfig") == name {
 			return f.Tag.Get("default")
@@ -452,7 +454,7 @@ func checkSecurity(sts *appsv1.StatefulSet, _ map[string]corev1.EnvVar) []error 
 // dockerfileUser returns the uid the image runs as: the last USER of the
 // Dockerfile, by number or through imageUsers; an error if it is root.
 func dockerfileUser() (int64, error) {
-	b, err := os.ReadFile("Dockerfile")
+	b, err := os.ReadFile("../Dockerfile")
 	if err != nil {
 		return 0, err
 	}

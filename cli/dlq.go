@@ -1,12 +1,10 @@
-package main
+package cli
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"io/fs"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -14,178 +12,9 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"transferconsumer/consumer"
-	"transferconsumer/db"
+	"transferconsumer/config"
 	"transferconsumer/dlq"
 )
-
-const migrateUsage = `Usage: transferconsumer migrate [--grant-to ROLE]
-
-Applies the migrations the schema lacks, in one transaction, then exits.
-Run it as the role that owns the schema: the service itself then needs no
-privilege beyond data, and checks at start that the schema is current.
-
---grant-to ROLE then grants ROLE, the service's role, what the service
-needs and nothing that changes the schema: CONNECT on the database, USAGE
-on the schema, SELECT, INSERT, UPDATE and DELETE on every table of the
-schema (only SELECT on schema_migration), USAGE on its sequences and
-EXECUTE on its functions; and, by ALTER DEFAULT PRIVILEGES for the role
-running this command, the same on the tables, sequences and functions
-later migrations create. Run later migrations as the same role. Running it
-again changes nothing.
-`
-
-// parseMigrate parses migrate's arguments; it needs neither the
-// configuration nor the database. It returns the role to grant to, or "".
-func parseMigrate(args []string, help io.Writer) (string, error) {
-	fset := flag.NewFlagSet("migrate", flag.ContinueOnError)
-	fset.SetOutput(io.Discard) // its errors come back with the usage
-	fset.Usage = func() {}
-	grantTo := fset.String("grant-to", "", "the service's role, to grant what it needs")
-	err := fset.Parse(args)
-	given := false
-	fset.Visit(func(f *flag.Flag) { given = given || f.Name == "grant-to" })
-	switch {
-	case errors.Is(err, flag.ErrHelp):
-		fmt.Fprint(help, migrateUsage)
-		return "", err
-	case err != nil:
-		return "", fmt.Errorf("migrate: %v\n\n%s", err, migrateUsage)
-	case fset.NArg() > 0:
-		return "", fmt.Errorf("migrate takes no arguments, got %q\n\n%s", fset.Args(), migrateUsage)
-	case given && strings.TrimSpace(*grantTo) == "":
-		return "", fmt.Errorf("migrate: --grant-to needs a role\n\n%s", migrateUsage)
-	}
-	return *grantTo, nil
-}
-
-func migrateCommand(ctx context.Context, cfg config, migrations fs.FS, grantTo string, stdout io.Writer) error {
-	database, err := db.OpenFrom(ctx, cfg.databaseURL, 2)
-	if err != nil {
-		return err
-	}
-	defer database.Close()
-	applied, err := db.Migrate(ctx, database, migrations)
-	if db.Refused(err) {
-		return fmt.Errorf("%w: run migrate as the role that owns the schema", err)
-	}
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "applied %d migration(s) %v\n", len(applied), applied)
-	if grantTo == "" {
-		return nil
-	}
-	if err := db.Grant(ctx, database, grantTo); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "granted %s what the service needs on the schema, and on what later migrations create\n", grantTo)
-	return nil
-}
-
-func pruneCommand(ctx context.Context, cfg config, stdout io.Writer) error {
-	database, err := db.OpenFrom(ctx, cfg.databaseURL, 2)
-	if err != nil {
-		return err
-	}
-	defer database.Close()
-	start := time.Now()
-	res, err := db.Prune(ctx, database, cfg.InboxTTL, cfg.PruneBatch)
-	if err != nil {
-		return fmt.Errorf("after deleting %d rows: %w", res.Deleted, err)
-	}
-	if !res.Ran {
-		fmt.Fprintln(stdout, "another replica is pruning; nothing done")
-		return nil
-	}
-	fmt.Fprintf(stdout, "deleted %d inbox rows older than %s in %d batch(es), %s\n",
-		res.Deleted, cfg.InboxTTL, res.Batches, time.Since(start).Round(time.Millisecond))
-	return nil
-}
-
-func topologyCommand(cfg config, stdout io.Writer) error {
-	conn, err := dial(cfg, "topology")
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	t := cfg.topology()
-	existing, err := t.Existing(conn)
-	if err != nil {
-		return err
-	}
-	if existing > 0 && existing < t.Queues {
-		// Declaring more queues binds them to the hash exchange at once:
-		// keys move to queues nobody consumes yet, while their older
-		// events still wait in the old ones.
-		return fmt.Errorf("topology: %d partition queues exist (%s … %s) and QUEUE_COUNT=%d would add %d more, "+
-			"moving accounts to new queues while their older events wait in the old ones; "+
-			"to raise the count, or to declare again a last queue that was deleted, run "+
-			"transferconsumer repartition --to %d with QUEUE_COUNT=%d, which waits for the old queues to drain (adr/0004); "+
-			"otherwise set QUEUE_COUNT=%d",
-			existing, t.Queue(0), t.Queue(existing-1), t.Queues, t.Queues-existing, t.Queues, existing, existing)
-	}
-	if err := t.Declare(conn); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "declared exchange %s, queues %s … %s, and %s → %s\n",
-		t.Prefix, t.Queue(0), t.Queue(t.Queues-1), dlq.Exchange(t.Prefix), dlq.Queue(t.Prefix))
-	return nil
-}
-
-const repartitionUsage = `Usage: transferconsumer repartition --to N [--drain-timeout D]
-
-Raises the queue count from QUEUE_COUNT to N without reordering any
-account's events (adr/0004): declares and binds the new queues, then waits
-until every old queue has been seen empty. Then run the replicas with
-QUEUE_COUNT=N. Lowering the count is a manual procedure, in adr/0004.
-
-  --to N              the new queue count, above QUEUE_COUNT, at most 1024
-  --drain-timeout D   how long to wait for every old queue to be seen empty
-                      (default 10m); when it passes, the command fails, the
-                      new queues stay declared and bound, and running it
-                      again with the same --to resumes the wait
-`
-
-func repartitionCommand(ctx context.Context, cfg config, args []string, stdout io.Writer) error {
-	fset := flag.NewFlagSet("repartition", flag.ContinueOnError)
-	fset.SetOutput(io.Discard) // its errors come back with the usage
-	fset.Usage = func() {}
-	to := fset.Int("to", 0, "the new queue count")
-	timeout := fset.Duration("drain-timeout", 10*time.Minute, "how long to wait for the old queues")
-	switch err := fset.Parse(args); {
-	case errors.Is(err, flag.ErrHelp):
-		fmt.Fprint(stdout, repartitionUsage)
-		return nil
-	case err != nil:
-		return fmt.Errorf("repartition: %v\n\n%s", err, repartitionUsage)
-	case fset.NArg() > 0:
-		return fmt.Errorf("repartition takes no arguments, got %q\n\n%s", fset.Args(), repartitionUsage)
-	}
-	if *to <= cfg.QueueCount || *to > 1024 {
-		return fmt.Errorf("repartition: --to must be above QUEUE_COUNT=%d and at most 1024, got %d", cfg.QueueCount, *to)
-	}
-	conn, err := dial(cfg, "repartition")
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
-	defer cancel()
-	return cfg.topology().Grow(ctx, conn, *to, func(msg string) { fmt.Fprintln(stdout, msg) })
-}
-
-func dial(cfg config, purpose string) (*amqp.Connection, error) {
-	urls, err := cfg.brokerURLs()
-	if err != nil {
-		return nil, err
-	}
-	conn, _, err := consumer.Dial(urls, 0, cfg.instance()+"-"+purpose)
-	if err != nil {
-		return nil, fmt.Errorf("connect to broker at %s: %s", redact(strings.Join(urls, ",")), redactErr(err))
-	}
-	return conn, nil
-}
 
 const dlqUsage = `Usage:
   transferconsumer dlq list [-n N]
@@ -305,7 +134,7 @@ func parseDLQ(args []string, help io.Writer) (dlqArgs, error) {
 
 func usageErr(msg string) error { return fmt.Errorf("%s\n\n%s", msg, dlqUsage) }
 
-func dlqCommand(cfg config, a dlqArgs, stdin io.Reader, stdout, stderr io.Writer) error {
+func dlqCommand(cfg config.Config, a dlqArgs, stdin io.Reader, stdout, stderr io.Writer) error {
 	if a.cmd == "drop" {
 		return dropCommand(cfg, a, stdin, stdout, stderr)
 	}
@@ -358,20 +187,13 @@ func dlqCommand(cfg config, a dlqArgs, stdin io.Reader, stdout, stderr io.Writer
 
 // noDLQ explains the broker's 404 for the dead-letter queue: the topology
 // was never declared in this vhost, or under another prefix.
-func noDLQ(cfg config, err error) error {
+func noDLQ(cfg config.Config, err error) error {
 	var ae *amqp.Error
 	if !errors.As(err, &ae) || ae.Code != amqp.NotFound {
 		return err
 	}
 	return fmt.Errorf("no dead-letter queue %s in this vhost (the broker said: %s): check the vhost in AMQP_URL and TOPOLOGY_PREFIX (%q), "+
 		"or declare the topology with transferconsumer topology", dlq.Queue(cfg.Prefix), ae.Reason, cfg.Prefix)
-}
-
-func flagErr(err error) error {
-	if errors.Is(err, flag.ErrHelp) {
-		return nil
-	}
-	return err
 }
 
 func printSummary(w io.Writer, queue string, s dlq.Summary) {

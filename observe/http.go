@@ -1,4 +1,4 @@
-package main
+package observe
 
 import (
 	"context"
@@ -14,10 +14,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// serveHTTP serves /healthz (the process is alive), /readyz (see
-// health.readiness) and /metrics on ln until ctx ends. It starts before
+// Serve serves /healthz (the process is alive), /readyz (see
+// Health.readiness) and /metrics on ln until ctx ends. It starts before
 // anything else, so both probes answer from the first instant.
-func serveHTTP(ctx context.Context, ln net.Listener, h *health, m *metrics, log *slog.Logger) {
+func Serve(ctx context.Context, ln net.Listener, h *Health, m *Metrics, log *slog.Logger) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprintln(w, "ok")
@@ -32,10 +32,10 @@ func serveHTTP(ctx context.Context, ln net.Listener, h *health, m *metrics, log 
 	serveMux(ctx, ln, mux, "health and metrics", log)
 }
 
-// servePprof serves Go's /debug/pprof on ln, an address of its own (by
+// ServePprof serves Go's /debug/pprof on ln, an address of its own (by
 // default the loopback interface): heap profiles and traces are not for
 // whoever reaches the health port.
-func servePprof(ctx context.Context, ln net.Listener, log *slog.Logger) {
+func ServePprof(ctx context.Context, ln net.Listener, log *slog.Logger) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)

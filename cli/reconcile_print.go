@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"encoding/json"
@@ -95,7 +95,7 @@ func printReconcile(w io.Writer, rep reconcileReport) {
 				kinds = append(kinds, k.name)
 			}
 		}
-		fmt.Fprintf(w, "\nfound: %s (exit status %d)\n", strings.Join(kinds, ", "), exitFound)
+		fmt.Fprintf(w, "\nfound: %s (exit status %d)\n", strings.Join(kinds, ", "), ExitFound)
 	}
 }
 

@@ -1,4 +1,4 @@
-package main
+package config
 
 import (
 	"crypto/ecdsa"
@@ -136,7 +136,7 @@ func TestTLSFilesThatCannotBeUsedStopTheService(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := config{AMQPURL: tt.amqp, DatabaseURL: tt.db}.checkTLSFiles()
+			err := Config{AMQPURL: tt.amqp, DatabaseURL: tt.db}.checkTLSFiles()
 			switch {
 			case tt.want == "" && err != nil:
 				t.Fatalf("got %v, want no error", err)
@@ -163,14 +163,14 @@ func TestTLSClientKeyOpenToOthersStopsTheService(t *testing.T) {
 		t.Fatal(err)
 	}
 	db := "postgres://u@db/transfers?sslmode=verify-full&sslrootcert=" + p.ca + "&sslcert=" + p.cert + "&sslkey=" + p.key
-	err := config{AMQPURL: "amqp://u@broker/", DatabaseURL: db}.checkTLSFiles()
+	err := Config{AMQPURL: "amqp://u@broker/", DatabaseURL: db}.checkTLSFiles()
 	want := `DATABASE_URL: sslkey "` + p.key + `": group or others may use it (mode 0644): lib/pq refuses it; make it 0600 (or 0640 owned by root)`
 	if err == nil || err.Error() != want {
 		t.Errorf("got  %v\nwant %s", err, want)
 	}
 	// amqp091-go does not care, and nor does the check.
 	amqps := "amqps://u@broker/?cacertfile=" + p.ca + "&certfile=" + p.cert + "&keyfile=" + p.key
-	if err := (config{AMQPURL: amqps, DatabaseURL: "postgres://u@db/transfers"}).checkTLSFiles(); err != nil {
+	if err := (Config{AMQPURL: amqps, DatabaseURL: "postgres://u@db/transfers"}).checkTLSFiles(); err != nil {
 		t.Errorf("amqps with a 0644 key: %v", err)
 	}
 }
@@ -181,7 +181,7 @@ func TestTLSClientKeyOpenToOthersStopsTheService(t *testing.T) {
 // root).
 func TestTLSFileThatCannotBeReadStopsTheService(t *testing.T) {
 	dir := t.TempDir()
-	err := config{AMQPURL: "amqps://u@broker/?cacertfile=" + dir, DatabaseURL: "postgres://u@db/transfers"}.checkTLSFiles()
+	err := Config{AMQPURL: "amqps://u@broker/?cacertfile=" + dir, DatabaseURL: "postgres://u@db/transfers"}.checkTLSFiles()
 	want := `AMQP_URL: cacertfile "` + dir + `": cannot read it: `
 	if err == nil || !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), "is a directory") {
 		t.Errorf("got  %v\nwant %s…is a directory", err, want)
@@ -199,14 +199,14 @@ func TestTLSFilesOfURLsInFiles(t *testing.T) {
 	os.WriteFile(dbFile, []byte("postgres://u:s3cret@db/transfers?sslmode=verify-full&sslrootcert="+p.missing+"\n"), 0o600)
 
 	t.Setenv("AMQP_URL_FILE", amqpFile)
-	_, err := loadConfig()
+	_, err := Load()
 	want := `configuration: AMQP_URL_FILE (` + amqpFile + `): URL 2: cacertfile "` + p.garbage + `": holds no PEM certificate`
 	if err == nil || err.Error() != want {
 		t.Errorf("got  %v\nwant %s", err, want)
 	}
 	os.WriteFile(amqpFile, []byte("amqps://u:s3cret@n1/vh?cacertfile="+p.ca+"\n"), 0o600)
 	t.Setenv("DATABASE_URL_FILE", dbFile)
-	_, err = loadConfig()
+	_, err = Load()
 	want = `configuration: DATABASE_URL_FILE (` + dbFile + `): sslrootcert "` + p.missing + `": cannot read it: no such file or directory`
 	if err == nil || err.Error() != want {
 		t.Errorf("got  %v\nwant %s", err, want)
