@@ -28,9 +28,9 @@ type Variable struct {
 func Standard() []Variable {
 	// GOGC is the Go runtime's, not a field: main sets DefaultGCPercent only
 	// when it is unset.
-	gogc := Variable{"GOGC", fmt.Sprintf("%d when unset", DefaultGCPercent),
-		fmt.Sprintf("Go's garbage-collection target, in percent of the live heap; the service's heap is small, "+
-			"so %d trades about 12 MiB of memory for a quarter of the collections (BENCHMARKS.md)", DefaultGCPercent)}
+	gogc := Variable{"GOGC", fmt.Sprint(DefaultGCPercent),
+		"Go's garbage-collection target, in percent of the live heap, set by the service when GOGC is unset; the service's heap is small, " +
+			"so this trades about 12 MiB of memory for a quarter of the collections (BENCHMARKS.md)"}
 	return append([]Variable{gogc}, otelVariables...)
 }
 
