@@ -69,7 +69,7 @@ func run(ctx context.Context, args []string) error {
 func serve(ctx context.Context, cfg config.Config, migrations fs.FS, stderr io.Writer) error {
 	log, closeLog := observe.NewLogger(stderr, cfg.Level(), cfg.LogFormat)
 	defer closeLog()
-	amqpURLs, _ := cfg.BrokerURLs() // checked by loadConfig: here for the log line alone
+	amqpURLs, _ := cfg.BrokerURLs() // checked by config.Load: here for the log line alone
 	dbURL, _ := cfg.Database()
 	attrs := []any{"instance", cfg.Instance(), "amqp_url", config.Redact(strings.Join(amqpURLs, ",")),
 		"database_url", config.Redact(dbURL), "queues", cfg.QueueCount, "prefix", cfg.Prefix, "migrate", cfg.Migrate}

@@ -181,7 +181,7 @@ func TestServiceStopsOnQueueWithOtherArguments(t *testing.T) {
 
 	var te *topology.Error
 	if !errors.As(err, &te) {
-		t.Fatalf("Run = %v, want a TopologyError", err)
+		t.Fatalf("Run = %v, want a *topology.Error", err)
 	}
 	for _, want := range []string{"queue transfers.1", "x-delivery-limit"} {
 		if !strings.Contains(err.Error(), want) {
