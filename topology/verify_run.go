@@ -28,8 +28,8 @@ const uncheckedHint = "set MANAGEMENT_URL to the management API (a user with the
 	"dead-lettering to a DLQ that keeps every letter, and does not consume a queue that would lose order or letters"
 
 // Checker checks a topology made by others (DECLARE_TOPOLOGY=false) each
-// time Run is called, and keeps what it found last. Its zero value, with a
-// Spec and a Log, checks nothing and says why.
+// time Run is called, and keeps what it found last. Without Management it
+// checks nothing, and says so once.
 type Checker struct {
 	Spec       Spec
 	Management *Management // nil: the arguments cannot be checked, which is said once
