@@ -1,6 +1,7 @@
-// Package consumer is the AMQP side of the service: the topology, one consume
-// loop per queue, and the decision of what happens to each delivery. It knows
-// nothing of PostgreSQL; it applies events through the Applier interface.
+// Package consumer is the AMQP side of the service: one consume loop per
+// queue, and the decision of what happens to each delivery. It declares or
+// checks the topology through package topology, and knows nothing of
+// PostgreSQL: it applies events through the Applier interface.
 package consumer
 
 import (
@@ -8,193 +9,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-	"go.opentelemetry.io/otel/trace"
+
+	"transferconsumer/retry"
+	"transferconsumer/topology"
 )
-
-// Applier applies one event in one local transaction, inbox claim and
-// business effect together. A redelivered event comes back as
-// Result{Duplicate: true} with a nil error. Errors are classified with
-// Poison, Conflict or Transient; anything else counts as unknown.
-type Applier interface {
-	Apply(ctx context.Context, ev Event) (Result, error)
-}
-
-// Lanes is implemented by an Applier that can give each worker a lane of
-// its own: the worker applies all its events through it, one at a time, so
-// the lane can keep per-worker state (a database connection, a timer)
-// instead of setting it up for every event.
-type Lanes interface {
-	// Lane returns a lane that bounds each attempt by timeout itself and
-	// also ends it when the context given to Apply ends.
-	Lane(timeout time.Duration) Lane
-}
-
-// Lane applies one worker's events, one at a time.
-type Lane interface {
-	Applier
-	Close() // releases what the lane holds; it is not used again
-}
-
-// BatchLane is a Lane that can apply several events in one local
-// transaction (adr/0006).
-type BatchLane interface {
-	Lane
-	// ApplyBatch applies evs, in order, in one transaction, and returns one
-	// Outcome per event: its Result, or the error that event alone met (a
-	// producer conflict). An error for the whole batch means nothing of it
-	// was committed: the environment failed, or one of the events is one
-	// the database refuses (a contradicting transition, data it rejects),
-	// which the caller finds by splitting the batch.
-	ApplyBatch(ctx context.Context, evs []Event) ([]Outcome, error)
-}
-
-// Outcome is what applying one event of a batch did.
-type Outcome struct {
-	Result
-	Err error
-}
-
-// Prober is implemented by an Applier that can tell, without an event,
-// whether applying one would work now: after a broker session ended while a
-// queue was blocked, the service resumes consuming only once Probe passes,
-// so that a long outage returns the message in hand to the broker once, not
-// once per consumer timeout (adr/0002).
-type Prober interface {
-	Probe(ctx context.Context) error
-}
-
-// Result is what applying an event did.
-type Result struct {
-	Duplicate bool // the event had been applied before; nothing changed
-	// Outbox: the transaction left a dead letter to publish after the
-	// commit (see Outbox).
-	Outbox bool
-}
-
-// Config configures a Service.
-type Config struct {
-	// URLs are the broker's AMQP URLs, vhost included: one, or one per node
-	// of a cluster. Each session connects to the first that answers,
-	// starting after the one the last session lost.
-	URLs []string
-	// URLsFunc, when set, is called for the URLs before each dial instead
-	// of reading URLs, so that a credential rotated in a file is used at
-	// the next reconnect, without a restart. An error is a failed dial.
-	URLsFunc func() ([]string, error)
-	Topology Topology
-	Declare  bool // declare the topology on every (re)connect
-	// Management, when set and Declare is false, is read at each connect
-	// to verify the topology made by others (Topology.Verify): a queue
-	// that would lose an account's order or a dead letter is not
-	// consumed. nil: the arguments are not checked, and the service says
-	// so once.
-	Management *Management
-	// LookEvery is how often a session reads the DLQ's depth and looks for
-	// partition queues beyond Topology.Queues; 0: every 10 s.
-	LookEvery time.Duration
-	Instance  string // connection name, consumer tags, dead-letter headers
-	// ReplicaIndex of ReplicaCount: with more than one replica, each consumes
-	// the queues i with i % ReplicaCount == ReplicaIndex at a higher consumer
-	// priority, so that brokers whose single active consumer honours
-	// priorities (4.x) spread the queues over the replicas (see adr/0004).
-	ReplicaIndex, ReplicaCount int
-	// BatchMax is the prefetch of each queue and the most events a worker
-	// applies in one transaction (adr/0006): it takes what has arrived, up
-	// to BatchMax, waiting at most BatchLinger for more. 1 is one event per
-	// transaction, acked alone.
-	BatchMax    int
-	BatchLinger time.Duration
-	// MaxBodyBytes bounds the body a worker decodes: a larger one is poison,
-	// dead-lettered undecoded. 0 means no bound, which only tests use: the
-	// service's configuration requires MAX_BODY_BYTES of at least 1024, so
-	// the service always sets one.
-	MaxBodyBytes    int
-	ShutdownTimeout time.Duration // how long the message in hand may take once shutdown starts
-	ApplyTimeout    time.Duration // one attempt to apply an event
-	Retry           Backoff       // between attempts of a transient failure
-	Reconnect       Backoff       // between broker sessions
-	Logger          *slog.Logger
-	// Observe, when set, is called once per delivery with the decision, after
-	// the ack, reject or dead-letter was sent. Tests and metrics use it.
-	Observe func(Decision)
-	// ObserveRetry, when set, is called before each in-place retry of a
-	// transient failure.
-	ObserveRetry func(Retry)
-	// ObserveBatch, when set, is called with the size of each batch taken
-	// (BatchMax above 1).
-	ObserveBatch func(size int)
-	// Tracer, when set, traces each delivery and each attempt of its
-	// transaction (trace.go); nil costs nothing.
-	Tracer trace.Tracer
-}
-
-// Retry is one in-place retry of a transient failure, or one failed probe
-// of the applier before consuming again (then Queue and EventID are "").
-type Retry struct {
-	Queue   string
-	EventID string
-	Attempt int // 1 for the first retry
-	Delay   time.Duration
-	Err     error
-}
-
-// Decision is what happened to one delivery.
-type Decision struct {
-	Queue         string
-	EventID       string // the body's eventId when it could be read, else the message_id property
-	EventType     string // the body's eventType when it is a known one, else the type property
-	TraceID       string // the delivery's trace, when tracing is on or the message carries a traceparent
-	Redelivered   bool
-	DeliveryCount int64 // x-delivery-count: 0 on the first delivery
-	Class         Class // "" when the event was applied or was a duplicate
-	Action        Action
-	Duplicate     bool
-	Retries       int // transient failures retried in place
-	Err           error
-	Duration      time.Duration
-}
-
-// Outcome names what happened to the delivery, in the one vocabulary the
-// log lines and the metrics share: applied, duplicate, dead_lettered or
-// requeued.
-func (d Decision) Outcome() string {
-	switch {
-	case d.Duplicate:
-		return "duplicate"
-	case d.Action == ActionDeadLetter:
-		return "dead_lettered"
-	case d.Action == ActionRequeue:
-		return "requeued"
-	}
-	return "applied"
-}
-
-// Backoff is a capped, jittered exponential delay.
-type Backoff struct {
-	Min, Max time.Duration
-}
-
-// Delay returns the wait before retry number attempt (0-based): Min doubled
-// per attempt, capped at Max, then drawn uniformly from its upper half so
-// that many consumers retrying together spread out.
-func (b Backoff) Delay(attempt int) time.Duration {
-	d := b.Min
-	for i := 0; i < attempt && d < b.Max; i++ {
-		d *= 2
-	}
-	d = min(d, b.Max)
-	if d <= 1 {
-		return d
-	}
-	return d/2 + rand.N(d/2)
-}
 
 // Service consumes every partition queue and applies each event once in
 // effect.
@@ -209,8 +33,7 @@ type Service struct {
 	brokerErr atomic.Pointer[string]   // why there is no broker session, while there is none
 	dlqDepth  atomic.Int64             // dead letters waiting, as last seen; -1 before
 	extra     atomic.Pointer[[]string] // queues beyond QUEUE_COUNT that exist, as last seen
-	check     atomic.Pointer[TopologyCheck]
-	unchecked sync.Once // said that the topology could not be checked
+	checker   *topology.Checker        // of a topology made by others (Declare false)
 
 	mu       sync.Mutex
 	blockedQ map[string]Blocked // by queue
@@ -240,7 +63,7 @@ type State struct {
 	Unconsumed []string
 	// Topology is what the last check of a topology made by others found
 	// (Declare false); nil when the service declares its own.
-	Topology *TopologyCheck
+	Topology *topology.Check
 }
 
 // State returns the service's current broker-side state.
@@ -261,7 +84,7 @@ func (s *Service) State() State {
 	if extra := s.extra.Load(); extra != nil {
 		st.Unconsumed = *extra
 	}
-	st.Topology = s.check.Load()
+	st.Topology = s.checker.Last()
 	return st
 }
 
@@ -274,7 +97,8 @@ func New(cfg Config, app Applier) *Service {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Service{cfg: cfg, app: app, log: log, blockedQ: map[string]Blocked{}, drainNow: make(chan struct{}, 1)}
+	s := &Service{cfg: cfg, app: app, log: log, blockedQ: map[string]Blocked{}, drainNow: make(chan struct{}, 1),
+		checker: &topology.Checker{Spec: cfg.Topology, Management: cfg.Management, Log: log}}
 	s.dlqDepth.Store(-1)
 	return s
 }
@@ -282,7 +106,7 @@ func New(cfg Config, app Applier) *Service {
 // Run consumes until ctx is cancelled, reconnecting after any broker failure
 // for as long as it takes. On cancellation it stops taking deliveries,
 // finishes the message in hand within ShutdownTimeout, and returns nil. It
-// returns a *TopologyError, without retrying, when the broker's topology
+// returns a *topology.Error, without retrying, when the broker's topology
 // cannot be used as it stands.
 func (s *Service) Run(ctx context.Context) error {
 	// stop ends when shutdown starts; its cause tells shutdown apart from
@@ -312,7 +136,7 @@ func (s *Service) Run(ctx context.Context) error {
 			s.log.Info("consumer stopped")
 			return nil
 		}
-		var te *TopologyError
+		var te *topology.Error
 		if errors.As(err, &te) {
 			return err
 		}
@@ -372,7 +196,7 @@ func (s *Service) session(stop, work context.Context) error {
 			return err
 		}
 	} else {
-		stopped = s.verify(stop, conn, urls[used])
+		stopped = s.checker.Run(stop, conn, urls[used])
 	}
 
 	session, endSession := context.WithCancel(stop)
@@ -418,7 +242,7 @@ func (s *Service) session(stop, work context.Context) error {
 		case e := <-errs:
 			result = e
 		case <-look.C:
-			if len(stopped) > 0 && !slices.Equal(s.verify(stop, conn, urls[used]), stopped) {
+			if len(stopped) > 0 && !slices.Equal(s.checker.Run(stop, conn, urls[used]), stopped) {
 				result = errors.New("the topology made by others changed: reconnecting to consume what it allows now")
 			}
 		}
@@ -466,35 +290,6 @@ func (s *Service) waitWorkers(wg *sync.WaitGroup, work context.Context) {
 // consume, and the outbox is drained.
 const lookEvery = 10 * time.Second
 
-// maxQueues bounds the look for queues beyond QUEUE_COUNT (the largest
-// count the configuration accepts).
-const maxQueues = 1024
-
-// urls returns the broker's URLs for a dial: URLsFunc's, when it is set.
-func (c Config) urls() ([]string, error) {
-	if c.URLsFunc == nil {
-		return c.URLs, nil
-	}
-	urls, err := c.URLsFunc()
-	if err == nil && len(urls) == 0 {
-		err = errors.New("no broker URL")
-	}
-	return urls, err
-}
-
-// ConsumerArgs returns the consume arguments for queue i: a consumer priority
-// that prefers this replica's share of the queues, when there are replicas.
-func (c Config) ConsumerArgs(i int) amqp.Table {
-	if c.ReplicaCount < 2 {
-		return nil
-	}
-	priority := 0
-	if i%c.ReplicaCount == c.ReplicaIndex {
-		priority = 10
-	}
-	return amqp.Table{"x-priority": int32(priority)}
-}
-
 func (s *Service) openWorker(conn *amqp.Connection, letters *letters, i int, work context.Context) (*worker, error) {
 	queue := s.cfg.Topology.Queue(i)
 	w := &worker{svc: s, index: i, queue: queue, tag: s.cfg.Instance + "/" + queue, conn: conn, work: work,
@@ -535,7 +330,7 @@ func (s *Service) awaitHealthy(stop context.Context) error {
 		s.clearAllBlocked()
 		return nil
 	}
-	var th Throttle
+	var th retry.Throttle
 	start := time.Now()
 	waiting := "not consuming until a probe of the database passes: a queue was blocked when the last broker session ended"
 	s.brokerErr.Store(&waiting)

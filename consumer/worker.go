@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"transferconsumer/dlq"
+	"transferconsumer/retry"
 )
 
 // worker consumes one queue on its own channel: the thin shell around the
@@ -38,8 +39,8 @@ type worker struct {
 	// context, when tracing is on; traceID its trace, for log lines.
 	traced  context.Context
 	traceID string
-	blocked Blocked  // while the core retries in place
-	th      Throttle // when to log a blocked queue
+	blocked Blocked        // while the core retries in place
+	th      retry.Throttle // when to log a blocked queue
 }
 
 // run carries out the core's commands until it is finished: the session
@@ -361,7 +362,7 @@ func (w *worker) reportBlocked(attempt int, delay time.Duration) {
 	b := &w.blocked
 	if b.Attempts == 0 {
 		b.Since = time.Now()
-		w.th = Throttle{}
+		w.th = retry.Throttle{}
 	}
 	b.Queue, b.TraceID = w.queue, w.traceID
 	if p := w.core.pending(); len(p) > 0 {

@@ -11,7 +11,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
-	"transferconsumer/consumer"
+	"transferconsumer/retry"
 )
 
 // OpenWhenReady opens the database src names, creating it first if it
@@ -21,8 +21,8 @@ import (
 // service's health endpoint says why it waits meanwhile. waiting, when
 // set, is told each failure. It returns only an open database, or ctx's
 // error when ctx ends first.
-func OpenWhenReady(ctx context.Context, src Source, create bool, maxConns int, b consumer.Backoff, log *slog.Logger, waiting func(error)) (*sqlx.DB, error) {
-	var th consumer.Throttle
+func OpenWhenReady(ctx context.Context, src Source, create bool, maxConns int, b retry.Backoff, log *slog.Logger, waiting func(error)) (*sqlx.DB, error) {
+	var th retry.Throttle
 	for attempt := 0; ; attempt++ {
 		db, err := OpenFrom(ctx, src, maxConns)
 		if isMissingDatabase(err) && create {

@@ -12,7 +12,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
-	"transferconsumer/consumer"
+	"transferconsumer/retry"
 )
 
 // Behind is the error SchemaWhenReady reports while the schema lacks
@@ -52,8 +52,8 @@ func (b *Behind) Error() string {
 // A check is two SELECTs (see pending); backoff b is the reconnect's, so checks slow to
 // one per RECONNECT_MAX and a migration the schema's owner runs meanwhile
 // is picked up without a restart.
-func SchemaWhenReady(ctx context.Context, db *sqlx.DB, migrations fs.FS, migrate bool, b consumer.Backoff, log *slog.Logger, waiting func(error)) error {
-	var th consumer.Throttle
+func SchemaWhenReady(ctx context.Context, db *sqlx.DB, migrations fs.FS, migrate bool, b retry.Backoff, log *slog.Logger, waiting func(error)) error {
+	var th retry.Throttle
 	var refused error // the refusal that ended migrating
 	check := func() error {
 		missing, role, err := pending(ctx, db, migrations)

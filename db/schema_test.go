@@ -18,7 +18,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
-	"transferconsumer/consumer"
+	"transferconsumer/retry"
 )
 
 // freshDB makes an empty database of the test's own, dropped at the end,
@@ -139,7 +139,7 @@ func TestCurrentSchemaNeedsNoPrivilegeBeyondData(t *testing.T) {
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	var once sync.Once
-	if err := SchemaWhenReady(ctx, svc, migrations, true, consumer.Backoff{Min: time.Millisecond, Max: time.Millisecond}, log,
+	if err := SchemaWhenReady(ctx, svc, migrations, true, retry.Backoff{Min: time.Millisecond, Max: time.Millisecond}, log,
 		func(err error) { once.Do(func() { t.Errorf("waited: %v", err); cancel() }) }); err != nil {
 		t.Errorf("SchemaWhenReady as %s = %v, want nil at once", role, err)
 	}
@@ -251,7 +251,7 @@ func TestSchemaBehindWaitsForTheOwner(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			go func() {
-				done <- SchemaWhenReady(ctx, svc, migrations, tt.migrate, consumer.Backoff{Min: time.Millisecond, Max: 5 * time.Millisecond}, log,
+				done <- SchemaWhenReady(ctx, svc, migrations, tt.migrate, retry.Backoff{Min: time.Millisecond, Max: 5 * time.Millisecond}, log,
 					func(err error) {
 						mu.Lock()
 						told = err
@@ -314,7 +314,7 @@ func TestSchemaUnreadableNamesTheGrant(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	log, _ := captureLog()
-	go SchemaWhenReady(ctx, svc, os.DirFS("../sql"), true, consumer.Backoff{Min: time.Millisecond, Max: time.Millisecond}, log,
+	go SchemaWhenReady(ctx, svc, os.DirFS("../sql"), true, retry.Backoff{Min: time.Millisecond, Max: time.Millisecond}, log,
 		func(err error) {
 			select {
 			case told <- err:

@@ -15,8 +15,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"transferconsumer/consumer"
 	"transferconsumer/dlq"
+	"transferconsumer/topology"
 )
 
 // What the TestBrokerRule tests share: a vhost of their own with one
@@ -83,7 +83,7 @@ func newRig(t *testing.T) *rig {
 		t.Fatal(err)
 	}
 	r.dlq = dlq.Queue(rulePrefix)
-	top := consumer.Topology{Prefix: rulePrefix, Queues: 1, DeliveryLimit: r.limit}
+	top := topology.Spec{Prefix: rulePrefix, Queues: 1, DeliveryLimit: r.limit}
 	r.queue = top.Queue(0)
 	if _, err := ch.QueueDeclare(r.queue, true, false, false, false, top.QueueArgs()); err != nil {
 		t.Fatal(err)

@@ -28,6 +28,8 @@ import (
 	"transferconsumer/consumer"
 	"transferconsumer/db"
 	"transferconsumer/dlq"
+	"transferconsumer/retry"
+	"transferconsumer/topology"
 )
 
 const prefix = "transfers"
@@ -153,8 +155,8 @@ func (e *env) openPublisher() {
 
 // topology returns the topology the tests consume: two queues are enough to
 // show partitioning and keep each test's set-up quick.
-func (e *env) topology(queues int) consumer.Topology {
-	return consumer.Topology{Prefix: prefix, Queues: queues, DeliveryLimit: e.limit}
+func (e *env) topology(queues int) topology.Spec {
+	return topology.Spec{Prefix: prefix, Queues: queues, DeliveryLimit: e.limit}
 }
 
 // declare declares the topology without starting a consumer, so a test can
@@ -210,8 +212,8 @@ func (e *env) startWith(queues int, app consumer.Applier, configure func(*consum
 		ShutdownTimeout: 10 * time.Second,
 		ApplyTimeout:    10 * time.Second,
 		BatchMax:        batchMax(),
-		Retry:           consumer.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond},
-		Reconnect:       consumer.Backoff{Min: 50 * time.Millisecond, Max: time.Second},
+		Retry:           retry.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond},
+		Reconnect:       retry.Backoff{Min: 50 * time.Millisecond, Max: time.Second},
 		Logger:          slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: testLogLevel()})),
 		Observe:         s.rec.add,
 		ObserveRetry: func(r consumer.Retry) {
@@ -222,7 +224,7 @@ func (e *env) startWith(queues int, app consumer.Applier, configure func(*consum
 	if mgmt, err := url.Parse(e.b.managementURL); err == nil {
 		// The broker's state through the management API, as an estate
 		// would run the service.
-		cfg.Management = &consumer.Management{URL: mgmt}
+		cfg.Management = &topology.Management{URL: mgmt}
 	}
 	if configure != nil {
 		configure(&cfg)

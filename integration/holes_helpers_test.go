@@ -14,6 +14,7 @@ import (
 
 	"transferconsumer/consumer"
 	"transferconsumer/db"
+	"transferconsumer/retry"
 )
 
 // What the tests of the session's end, splits, panics and alarms share
@@ -52,8 +53,8 @@ func (e *env) startBounded(instance string, queues int, app consumer.Applier, co
 		ShutdownTimeout: 10 * time.Second,
 		ApplyTimeout:    10 * time.Second,
 		BatchMax:        batchMax(),
-		Retry:           consumer.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond},
-		Reconnect:       consumer.Backoff{Min: 50 * time.Millisecond, Max: time.Second},
+		Retry:           retry.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond},
+		Reconnect:       retry.Backoff{Min: 50 * time.Millisecond, Max: time.Second},
 		Logger: slog.New(slog.NewTextHandler(testWriter{e.t}, &slog.HandlerOptions{Level: testLogLevel()})).
 			With("instance", instance),
 		Observe: s.rec.add,

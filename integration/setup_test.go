@@ -18,6 +18,8 @@ import (
 
 	"transferconsumer/consumer"
 	"transferconsumer/db"
+	"transferconsumer/retry"
+	"transferconsumer/topology"
 )
 
 // Two replicas migrating an empty database at the same moment: one applies
@@ -189,13 +191,13 @@ func TestServiceStopsOnQueueWithOtherArguments(t *testing.T) {
 	err = consumer.New(consumer.Config{
 		URLs: []string{e.amqpURL}, Topology: e.topology(2), Declare: true, Instance: e.name,
 		ShutdownTimeout: time.Second, ApplyTimeout: time.Second,
-		Retry:     consumer.Backoff{Min: time.Millisecond, Max: time.Millisecond},
-		Reconnect: consumer.Backoff{Min: time.Millisecond, Max: time.Millisecond},
+		Retry:     retry.Backoff{Min: time.Millisecond, Max: time.Millisecond},
+		Reconnect: retry.Backoff{Min: time.Millisecond, Max: time.Millisecond},
 	}, db.NewInbox(e.db)).Run(ctx)
 
-	var te *consumer.TopologyError
+	var te *topology.Error
 	if !errors.As(err, &te) {
-		t.Fatalf("Run = %v, want a TopologyError", err)
+		t.Fatalf("Run = %v, want a *topology.Error", err)
 	}
 	for _, want := range []string{"queue transfers.1", "x-delivery-limit"} {
 		if !strings.Contains(err.Error(), want) {

@@ -10,6 +10,7 @@ import (
 
 	"transferconsumer/consumer"
 	"transferconsumer/db"
+	"transferconsumer/retry"
 )
 
 // The broker's consumer timeout (30 minutes by default) closes a channel
@@ -37,7 +38,7 @@ func TestOutageLongerThanTheConsumerTimeoutSpendsOneDelivery(t *testing.T) {
 	var mu sync.Mutex
 	var firstRetry, lastRetry time.Time // in place, or probes before consuming again
 	svc := e.startWith(2, db.NewInbox(proxied), func(c *consumer.Config) {
-		c.Retry = consumer.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond}
+		c.Retry = retry.Backoff{Min: 20 * time.Millisecond, Max: 200 * time.Millisecond}
 		observe := c.ObserveRetry
 		c.ObserveRetry = func(r consumer.Retry) {
 			observe(r)

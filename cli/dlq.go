@@ -1,0 +1,244 @@
+package cli
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"transferconsumer/config"
+	"transferconsumer/dlq"
+)
+
+const dlqUsage = `Usage:
+  transferconsumer dlq list [-n N]
+  transferconsumer dlq replay [--class C] [--reason TEXT] [--event-id ID] [--limit N] [--dry-run]
+                              [--include-older-than-ttl]
+  transferconsumer dlq drop --record FILE [--class C] [--reason TEXT] [--event-id ID] [--limit N]
+                            [--yes] [--dry-run]
+  transferconsumer dlq help
+
+list shows how many dead letters there are by class and reason, and the first
+N. replay publishes the matching ones back to the exchange with their original
+routing key, each removed from the DLQ only after the broker confirmed it.
+Replaying an event that was already applied changes nothing, within the inbox
+retention (INBOX_TTL): letters that failed longer ago, and letters that show
+no failure time at all, are left alone unless --include-older-than-ttl is
+given. So are poison and producer-conflict letters, which cannot apply again
+(the same body fails the same way; the event id was applied with other
+content), unless --class names their class.
+
+drop removes the matching letters for good. It writes each one (body, headers
+and properties) as a line of JSON to the --record file, appended and synced,
+or to stdout with --record -, and removes a letter only once its record is
+written. --record is required, but with --dry-run, which records and removes
+nothing. drop shows the letters it would drop and asks to confirm on the
+terminal (yes or y), then drops at most as many as it showed; --yes drops
+without asking. Without a terminal it refuses unless --yes is given.
+
+Each run of list, replay or drop reads at most as many letters as the DLQ held
+when it started; letters that arrive meanwhile wait for the next run, and
+letters it leaves go back to the DLQ. replay marks the letters it puts back
+with the run's id (header x-replay-run) and never replays one that carries it:
+a letter that fails again at once is back in the DLQ when the run ends,
+replayed once. Run replay again to retry it.
+
+Classes (--class): poison, producer-conflict, invalid-transition,
+data-rejected and panic (an event whose handling panicked three times),
+set by the service; rejected, expired, maxlen and
+delivery_limit, the broker's reasons when it dead-lettered the message itself;
+unknown, a letter with neither.
+`
+
+// dlqArgs is a parsed dlq command line.
+type dlqArgs struct {
+	cmd        string // list, replay or drop
+	first      int    // list: how many letters to show
+	filter     dlq.Filter
+	limit      int
+	dryRun     bool
+	includeOld bool   // replay letters older than INBOX_TTL too
+	record     string // drop: the file each letter is written to first, "-" for stdout
+	yes        bool   // drop without asking
+}
+
+// parseDLQ parses the arguments of dlq; it needs neither the configuration
+// nor the broker. When they ask for help it prints the usage to help and
+// returns flag.ErrHelp; when they are wrong, an error that says why and
+// ends with the usage.
+func parseDLQ(args []string, help io.Writer) (dlqArgs, error) {
+	var a dlqArgs
+	if len(args) == 0 {
+		return a, usageErr("dlq needs list, replay or drop")
+	}
+	a.cmd = args[0]
+	fset := flag.NewFlagSet("dlq "+a.cmd, flag.ContinueOnError)
+	fset.SetOutput(io.Discard) // its errors come back with the usage
+	fset.Usage = func() {}
+	switch a.cmd {
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(help, dlqUsage)
+		return a, flag.ErrHelp
+	case "list":
+		fset.IntVar(&a.first, "n", 20, "how many dead letters to show")
+	case "replay", "drop":
+		fset.StringVar(&a.filter.Class, "class", "", "only this failure class (see Classes above)")
+		fset.StringVar(&a.filter.Reason, "reason", "", "only letters whose reason contains this text")
+		fset.StringVar(&a.filter.EventID, "event-id", "", "only this event")
+		fset.IntVar(&a.limit, "limit", 0, a.cmd+" at most this many (0: all that match)")
+		done := "replayed"
+		if a.cmd == "drop" {
+			done = "dropped"
+		}
+		fset.BoolVar(&a.dryRun, "dry-run", false, "show what would be "+done+"; change nothing")
+		if a.cmd == "drop" {
+			fset.StringVar(&a.record, "record", "", "append each letter to this file before removing it (- for stdout); required but with --dry-run")
+			fset.BoolVar(&a.yes, "yes", false, "drop without asking to confirm")
+			break
+		}
+		fset.BoolVar(&a.includeOld, "include-older-than-ttl", false,
+			"also replay letters that failed longer than INBOX_TTL ago (the inbox may no longer know them)")
+	default:
+		return a, usageErr(fmt.Sprintf("unknown dlq command %q", a.cmd))
+	}
+	err := fset.Parse(args[1:])
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprintf(help, "%s\nFlags of dlq %s:\n", dlqUsage, a.cmd)
+		fset.SetOutput(help)
+		fset.PrintDefaults()
+		return a, err
+	case err != nil:
+		return a, usageErr(fmt.Sprintf("dlq %s: %v", a.cmd, err))
+	case fset.NArg() > 0:
+		return a, usageErr(fmt.Sprintf("dlq %s takes no arguments, got %q", a.cmd, fset.Args()))
+	case a.first < 0:
+		return a, usageErr(fmt.Sprintf("dlq list: -n must not be negative, got %d", a.first))
+	case a.limit < 0:
+		return a, usageErr(fmt.Sprintf("dlq %s: --limit must not be negative, got %d", a.cmd, a.limit))
+	case a.filter.Class != "" && !slices.Contains(dlq.Classes(), a.filter.Class):
+		return a, fmt.Errorf("dlq %s: --class %q is not a class; the classes are %s",
+			a.cmd, a.filter.Class, strings.Join(dlq.Classes(), ", "))
+	case a.cmd == "drop" && !a.dryRun && a.record == "":
+		return a, usageErr("dlq drop: --record FILE is required: each letter is written there before it is removed " +
+			"(--record - writes to stdout; --dry-run needs none)")
+	}
+	return a, nil
+}
+
+func usageErr(msg string) error { return fmt.Errorf("%s\n\n%s", msg, dlqUsage) }
+
+func dlqCommand(cfg config.Config, a dlqArgs, stdin io.Reader, stdout, stderr io.Writer) error {
+	if a.cmd == "drop" {
+		return dropCommand(cfg, a, stdin, stdout, stderr)
+	}
+	conn, err := dial(cfg, "dlq-"+a.cmd)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if a.cmd == "list" {
+		s, err := dlq.List(conn, cfg.Prefix, a.first)
+		if err != nil {
+			return noDLQ(cfg, err)
+		}
+		printSummary(stdout, dlq.Queue(cfg.Prefix), s)
+		return nil
+	}
+	if !a.includeOld {
+		a.filter.FailedAfter = time.Now().Add(-cfg.InboxTTL)
+	}
+	r, err := dlq.Replay(conn, cfg.Prefix, a.filter, a.limit, a.dryRun)
+	err = noDLQ(cfg, err)
+	verb := "replayed"
+	if a.dryRun {
+		verb = "would replay"
+	}
+	fmt.Fprintf(stdout, "scanned %d of the %d dead letter(s) the DLQ held at the start, %s %d\n",
+		r.Scanned, r.Depth, verb, len(r.Replayed))
+	if !a.dryRun && len(r.Replayed) > 0 {
+		fmt.Fprintf(stdout, "replay run %s: in header %s of each letter it put back, also of one that failed again\n",
+			r.Run, dlq.HeaderReplayRun)
+	}
+	if r.TooOld+r.Undated > 0 {
+		fmt.Fprintf(stdout, "left alone: %d that failed longer ago than INBOX_TTL, %d that show no failure time (--include-older-than-ttl replays them)\n",
+			r.TooOld, r.Undated)
+	}
+	if len(r.Unreplayable) > 0 {
+		var counts, names []string
+		for _, class := range dlq.Classes() {
+			if n := r.Unreplayable[class]; n > 0 {
+				counts = append(counts, fmt.Sprintf("%d %s", n, class))
+				names = append(names, "--class "+class)
+			}
+		}
+		fmt.Fprintf(stdout, "left alone: %s, which cannot apply again (name %s to replay them)\n",
+			strings.Join(counts, ", "), strings.Join(names, " or "))
+	}
+	printLetters(stdout, r.Replayed)
+	return err
+}
+
+// noDLQ explains the broker's 404 for the dead-letter queue: the topology
+// was never declared in this vhost, or under another prefix.
+func noDLQ(cfg config.Config, err error) error {
+	var ae *amqp.Error
+	if !errors.As(err, &ae) || ae.Code != amqp.NotFound {
+		return err
+	}
+	return fmt.Errorf("no dead-letter queue %s in this vhost (the broker said: %s): check the vhost in AMQP_URL and TOPOLOGY_PREFIX (%q), "+
+		"or declare the topology with transferconsumer topology", dlq.Queue(cfg.Prefix), ae.Reason, cfg.Prefix)
+}
+
+func printSummary(w io.Writer, queue string, s dlq.Summary) {
+	fmt.Fprintf(w, "%s: %d dead letter(s)\n", queue, s.Total)
+	if s.Total == 0 {
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "\nCOUNT\tCLASS\tREASON")
+	for _, g := range s.Groups {
+		fmt.Fprintf(tw, "%d\t%s\t%s\n", g.Count, g.Class, oneLine(g.Reason, 100))
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\nFirst %d:\n", len(s.Letters))
+	printLetters(w, s.Letters)
+}
+
+func printLetters(w io.Writer, letters []dlq.Letter) {
+	if len(letters) == 0 {
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "EVENT ID\tCLASS\tQUEUE\tROUTING KEY\tFAILED AT\tREASON")
+	for _, l := range letters {
+		at := ""
+		if !l.FailedAt.IsZero() {
+			at = l.FailedAt.UTC().Format(time.RFC3339)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", orDash(l.EventID), l.Class, orDash(l.Queue),
+			orDash(l.RoutingKey), orDash(at), oneLine(l.Reason, 80))
+	}
+	tw.Flush()
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func oneLine(s string, max int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > max {
+		return string(r[:max]) + "…"
+	}
+	return s
+}

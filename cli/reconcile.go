@@ -1,0 +1,314 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"math"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"transferconsumer/config"
+	"transferconsumer/db"
+	"transferconsumer/dlq"
+	"transferconsumer/observe"
+)
+
+const reconcileUsage = `Usage: transferconsumer reconcile [--json] [-n N] [--skip-dlq | --require-dlq]
+
+Reads the database in one consistent snapshot, changes nothing, and reports
+(adr/0007):
+  - every account whose balance is not the net of its transfers (drift);
+  - creations of one intent (the same accounts, amount and currency) under
+    different transferIds within RECONCILE_WINDOW: suspected duplicates a
+    producer published, which the inbox cannot see;
+  - transitions waiting for their creation longer than RECONCILE_PENDING_AFTER;
+  - dead letters older than INBOX_TTL (or with no failure time), whose
+    replay the inbox can no longer prove harmless. The DLQ is read as
+    dlq list reads it and left as it was; when the broker cannot be read
+    the report says so and the rest stands, unless --require-dlq.
+
+Exit status: 0 when nothing was found, 3 when something was, 1 on an error.
+`
+
+// ExitFound is reconcile's exit status when it found something to look into:
+// distinct from 1, an error, so that a job or a script can tell them apart.
+const ExitFound = 3
+
+// foundError is reconcile's answer when its report shows findings; the
+// report has said what, so main prints nothing more.
+type foundError struct{ kinds int }
+
+func (e foundError) Error() string {
+	return fmt.Sprintf("reconcile found %d kind(s) of finding", e.kinds)
+}
+
+// Found reports whether err is reconcile's "found something": the report
+// has said what, so the caller exits with ExitFound and prints nothing more.
+func Found(err error) bool {
+	_, ok := errors.AsType[foundError](err)
+	return ok
+}
+
+// reconcileArgs is a parsed reconcile command line.
+type reconcileArgs struct {
+	json    bool
+	first   int    // findings of each kind shown
+	dlqRead string // read, skip or require
+}
+
+func parseReconcile(args []string, help io.Writer) (reconcileArgs, error) {
+	a := reconcileArgs{dlqRead: "read"}
+	fset := flag.NewFlagSet("reconcile", flag.ContinueOnError)
+	fset.SetOutput(io.Discard)
+	fset.Usage = func() {}
+	fset.BoolVar(&a.json, "json", false, "print the report as JSON")
+	fset.IntVar(&a.first, "n", 20, "findings of each kind to show (all are counted)")
+	skip := fset.Bool("skip-dlq", false, "do not read the dead-letter queue")
+	require := fset.Bool("require-dlq", false, "fail (exit 1) when the dead-letter queue cannot be read")
+	err := fset.Parse(args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprintf(help, "%s\nFlags:\n", reconcileUsage)
+		fset.SetOutput(help)
+		fset.PrintDefaults()
+		return a, err
+	case err != nil:
+		return a, fmt.Errorf("reconcile: %v\n\n%s", err, reconcileUsage)
+	case fset.NArg() > 0:
+		return a, fmt.Errorf("reconcile takes no arguments, got %q\n\n%s", fset.Args(), reconcileUsage)
+	case a.first < 0:
+		return a, fmt.Errorf("reconcile: -n must not be negative, got %d\n\n%s", a.first, reconcileUsage)
+	case *skip && *require:
+		return a, fmt.Errorf("reconcile: --skip-dlq and --require-dlq contradict each other\n\n%s", reconcileUsage)
+	case *skip:
+		a.dlqRead = "skip"
+	case *require:
+		a.dlqRead = "require"
+	}
+	return a, nil
+}
+
+// reconcileReport is a whole reconciliation: the database's snapshot and,
+// when read, the dead-letter queue.
+type reconcileReport struct {
+	db.Reconciliation
+	Duration    time.Duration
+	Window      time.Duration
+	After       time.Duration
+	InboxTTL    time.Duration
+	DeadLetters deadLetters
+}
+
+// deadLetters is what reconcile saw of the dead-letter queue.
+type deadLetters struct {
+	Read    bool         `json:"read"`
+	Error   string       `json:"error,omitempty"` // why it was not read
+	Total   int          `json:"total"`
+	Old     int          `json:"older_than_inbox_ttl"`
+	Undated int          `json:"undated"`
+	Letters []deadLetter `json:"letters"` // the first old or undated ones
+}
+
+type deadLetter struct {
+	EventID    string     `json:"event_id"`
+	Class      string     `json:"class"`
+	Reason     string     `json:"reason"`
+	Queue      string     `json:"queue"`
+	RoutingKey string     `json:"routing_key"`
+	DeadSince  *time.Time `json:"dead_since"` // nil: the letter shows no time
+}
+
+// findings returns how many kinds of finding r holds.
+func (r reconcileReport) findings() int {
+	n := 0
+	for _, c := range []int{r.DriftCount, r.DupCount, r.WaitCount, r.DeadLetters.Old + r.DeadLetters.Undated} {
+		if c > 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// reconcile runs one reconciliation; with exclusive, only if no other
+// replica's periodic run holds the lock (Ran says whether it did).
+func reconcile(ctx context.Context, database *sqlx.DB, cfg config.Config, first int, exclusive, readDLQ bool) (reconcileReport, error) {
+	start := time.Now()
+	rep := reconcileReport{Window: cfg.ReconcileWindow, After: cfg.PendingAfter, InboxTTL: cfg.InboxTTL}
+	var err error
+	rep.Reconciliation, err = db.Reconcile(ctx, database, db.ReconcileOptions{
+		Window: cfg.ReconcileWindow, PendingAfter: cfg.PendingAfter, Limit: first, Exclusive: exclusive})
+	if err != nil || !rep.Ran {
+		return rep, err
+	}
+	rep.DeadLetters = deadLetters{Error: "not read: RECONCILE_DLQ is false"}
+	if readDLQ {
+		rep.DeadLetters = readDeadLetters(cfg, first)
+	}
+	rep.Duration = time.Since(start)
+	return rep, nil
+}
+
+// readDeadLetters counts the dead letters that failed longer ago than
+// INBOX_TTL, and those that show no time at all: replay leaves both alone
+// (adr/0003), since the inbox may have forgotten an event they hold. It
+// reads the DLQ as dlq list does, returning every letter in place.
+func readDeadLetters(cfg config.Config, first int) deadLetters {
+	conn, err := dial(cfg, "reconcile")
+	if err != nil {
+		return deadLetters{Error: "not read: " + err.Error()}
+	}
+	defer conn.Close()
+	s, err := dlq.List(conn, cfg.Prefix, math.MaxInt)
+	if err != nil {
+		return deadLetters{Error: "not read: " + err.Error()}
+	}
+	d := deadLetters{Read: true, Total: s.Total}
+	cutoff := time.Now().Add(-cfg.InboxTTL)
+	for _, l := range s.Letters {
+		since := l.DeadSince
+		if since.IsZero() {
+			since = l.FailedAt
+		}
+		switch {
+		case since.IsZero():
+			d.Undated++
+		case since.Before(cutoff):
+			d.Old++
+		default:
+			continue
+		}
+		if len(d.Letters) < first {
+			dl := deadLetter{EventID: l.EventID, Class: l.Class, Reason: l.Reason, Queue: l.Queue, RoutingKey: l.RoutingKey}
+			if !since.IsZero() {
+				dl.DeadSince = &since
+			}
+			d.Letters = append(d.Letters, dl)
+		}
+	}
+	return d
+}
+
+func reconcileCommand(ctx context.Context, cfg config.Config, migrations fs.FS, a reconcileArgs, stdout io.Writer) error {
+	database, err := db.OpenFrom(ctx, cfg.Database, 2)
+	if err != nil {
+		return err
+	}
+	defer database.Close()
+	// A schema without created_at would fail the queries with a message
+	// about a column; this names what is missing.
+	if missing, err := db.Pending(ctx, database, migrations); err != nil {
+		return fmt.Errorf("reconcile: read the schema's migrations: %w", err)
+	} else if len(missing) > 0 {
+		return fmt.Errorf("reconcile: the schema lacks the migrations %v: run transferconsumer migrate first", missing)
+	}
+	rep, err := reconcile(ctx, database, cfg, a.first, false, a.dlqRead != "skip")
+	if err != nil {
+		return err
+	}
+	if a.dlqRead == "skip" {
+		rep.DeadLetters.Error = "not read: --skip-dlq"
+	}
+	if a.json {
+		err = printReconcileJSON(stdout, rep)
+	} else {
+		printReconcile(stdout, rep)
+	}
+	switch {
+	case err != nil:
+		return err
+	case a.dlqRead == "require" && !rep.DeadLetters.Read:
+		return fmt.Errorf("reconcile: the dead-letter queue could not be read (--require-dlq): %s", rep.DeadLetters.Error)
+	case rep.findings() > 0:
+		return foundError{rep.findings()}
+	}
+	return nil
+}
+
+// ReconcileLoop is the reconcile command run by the service: it runs the
+// reconciliation every RECONCILE_INTERVAL until ctx
+// ends, the first time a minute after start (or sooner, with a shorter
+// interval), so that a replica restarted more often than the interval
+// still reports. Replicas take turns through a transaction-scoped advisory
+// lock, as retention does: a run that finds another running does nothing.
+// A failed run is logged and retried at the next tick.
+func ReconcileLoop(ctx context.Context, database *sqlx.DB, cfg config.Config, m *observe.Metrics, log *slog.Logger) {
+	if cfg.ReconcileEvery <= 0 {
+		return
+	}
+	wait := min(cfg.ReconcileEvery, time.Minute)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = cfg.ReconcileEvery
+		// A bound, so that a pass on an overloaded server cannot hold
+		// its snapshot (and vacuum's horizon with it) for ever; never
+		// tighter than ten minutes, whatever a short interval says.
+		run, cancel := context.WithTimeout(ctx, max(cfg.ReconcileEvery, 10*time.Minute))
+		rep, err := reconcile(run, database, cfg, logFirst, true, cfg.ReconcileDLQ)
+		cancel()
+		switch {
+		case err != nil && ctx.Err() == nil:
+			log.Error("reconcile failed", "err", err)
+		case err == nil && rep.Ran:
+			m.Reconciled(observe.Reconciliation{Drift: rep.DriftCount, Duplicates: rep.DupCount, Waiting: rep.WaitCount,
+				OldLetters: oldLetters(rep.DeadLetters), Took: rep.Duration})
+			logReconcile(log, rep)
+		}
+	}
+}
+
+// logFirst bounds the lines a periodic run logs per kind of finding; the
+// summary line counts them all.
+const logFirst = 10
+
+// logReconcile logs each finding of rep, at most logFirst of each kind,
+// then one summary line.
+func logReconcile(log *slog.Logger, rep reconcileReport) {
+	for _, d := range rep.Drift {
+		attrs := []any{"account", d.Account, "expected", d.Expected, "difference", d.Difference}
+		if d.Actual != nil {
+			attrs = append(attrs, "actual", *d.Actual)
+		} else {
+			attrs = append(attrs, "actual", "no balance row")
+		}
+		log.Error("reconcile: balance drift", attrs...)
+	}
+	for _, d := range rep.Duplicates {
+		log.Warn("reconcile: suspected duplicate intent", "transfer_id", d.Transfer, "earlier_transfer_id", d.Earlier,
+			"from_account", d.From, "to_account", d.To, "amount_minor", d.Amount, "currency", d.Currency,
+			"apart_ms", d.CreatedAt.Sub(d.EarlierAt).Milliseconds())
+	}
+	for _, w := range rep.Waiting {
+		log.Warn("reconcile: transition waiting for its creation", "transfer_id", w.Transfer, "event_id", w.EventID,
+			"event_type", w.EventType, "received_at", w.ReceivedAt, "waited_s", int64(rep.At.Sub(w.ReceivedAt).Seconds()))
+	}
+	for _, l := range rep.DeadLetters.Letters {
+		log.Warn("reconcile: dead letter the inbox can no longer prove harmless to replay", "event_id", l.EventID,
+			"class", l.Class, "dead_since", l.DeadSince)
+	}
+	level := slog.LevelInfo
+	if rep.findings() > 0 {
+		level = slog.LevelWarn
+	}
+	log.Log(context.Background(), level, "reconciled", "transfers", rep.Transfers, "accounts", rep.Accounts,
+		"drift", rep.DriftCount, "duplicate_intents", rep.DupCount, "waiting_transitions", rep.WaitCount,
+		"old_dead_letters", oldLetters(rep.DeadLetters), "duration_ms", rep.Duration.Milliseconds())
+}
+
+// oldLetters is the count of dead letters replay cannot prove harmless, -1
+// when the DLQ was not read.
+func oldLetters(d deadLetters) int {
+	if !d.Read {
+		return -1
+	}
+	return d.Old + d.Undated
+}

@@ -1,0 +1,135 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// printReconcile writes rep for a person: one line per kind of finding,
+// then the findings shown, kind by kind.
+func printReconcile(w io.Writer, rep reconcileReport) {
+	fmt.Fprintf(w, "reconcile: snapshot of %s: %d transfers, %d balance rows, read in %s\n",
+		rep.At.UTC().Format(time.RFC3339), rep.Transfers, rep.Accounts, rep.Duration.Round(time.Millisecond))
+	count := func(n int, none, some string) string {
+		if n == 0 {
+			return none
+		}
+		return fmt.Sprintf("%d %s", n, some)
+	}
+	letters := rep.DeadLetters.Error
+	if rep.DeadLetters.Read {
+		letters = count(rep.DeadLetters.Old+rep.DeadLetters.Undated, fmt.Sprintf("none of %d", rep.DeadLetters.Total),
+			fmt.Sprintf("of %d (%d older, %d undated)", rep.DeadLetters.Total, rep.DeadLetters.Old, rep.DeadLetters.Undated))
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "  balances\t%s\n", count(rep.DriftCount, "ok: each is the net of its transfers", "account(s) in drift"))
+	fmt.Fprintf(tw, "  duplicate intents (within %s)\t%s\n", rep.Window, count(rep.DupCount, "none", "suspected"))
+	fmt.Fprintf(tw, "  transitions waiting (over %s)\t%s\n", rep.After, count(rep.WaitCount, "none", "waiting for their creation"))
+	fmt.Fprintf(tw, "  dead letters older than INBOX_TTL (%s)\t%s\n", rep.InboxTTL, letters)
+	tw.Flush()
+
+	section := func(title string, shown, total int, header string, row func(i int) string) {
+		if total == 0 {
+			return
+		}
+		fmt.Fprintf(w, "\n%s: %d", title, total)
+		if shown < total {
+			fmt.Fprintf(w, " (the first %d)", shown)
+		}
+		fmt.Fprintln(w)
+		if shown == 0 {
+			return
+		}
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, header)
+		for i := range shown {
+			fmt.Fprintln(tw, row(i))
+		}
+		tw.Flush()
+	}
+	ts := func(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+	section("Balances in drift", len(rep.Drift), rep.DriftCount, "ACCOUNT\tEXPECTED\tACTUAL\tDIFFERENCE", func(i int) string {
+		d := rep.Drift[i]
+		actual := "no balance row"
+		if d.Actual != nil {
+			actual = fmt.Sprint(*d.Actual)
+		}
+		return fmt.Sprintf("%s\t%d\t%s\t%+d", d.Account, d.Expected, actual, d.Difference)
+	})
+	section("Suspected duplicate intents", len(rep.Duplicates), rep.DupCount,
+		"TRANSFER\tCREATED AT\tREPEATS\tCREATED AT\tAPART\tFROM → TO\tAMOUNT", func(i int) string {
+			d := rep.Duplicates[i]
+			return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s → %s\t%d %s", d.Transfer, ts(d.CreatedAt), d.Earlier, ts(d.EarlierAt),
+				d.CreatedAt.Sub(d.EarlierAt).Round(time.Millisecond), d.From, d.To, d.Amount, d.Currency)
+		})
+	if rep.DupCount > 0 {
+		fmt.Fprintln(w, "(a pair found meant is dismissed with INSERT INTO reconcile_dismissed (transfer_id, note) VALUES ('TRANSFER', 'why'))")
+	}
+	section("Transitions waiting for their creation", len(rep.Waiting), rep.WaitCount,
+		"TRANSFER\tEVENT ID\tTYPE\tRECEIVED AT\tFROM → TO\tAMOUNT", func(i int) string {
+			x := rep.Waiting[i]
+			return fmt.Sprintf("%s\t%s\t%s\t%s\t%s → %s\t%d %s", x.Transfer, x.EventID, x.EventType, ts(x.ReceivedAt),
+				x.From, x.To, x.Amount, x.Currency)
+		})
+	section("Dead letters the inbox can no longer prove harmless to replay", len(rep.DeadLetters.Letters),
+		rep.DeadLetters.Old+rep.DeadLetters.Undated, "EVENT ID\tCLASS\tDEAD SINCE\tREASON", func(i int) string {
+			l := rep.DeadLetters.Letters[i]
+			since := "no time shown"
+			if l.DeadSince != nil {
+				since = ts(*l.DeadSince)
+			}
+			return fmt.Sprintf("%s\t%s\t%s\t%s", orDash(l.EventID), l.Class, since, oneLine(l.Reason, 80))
+		})
+	if n := rep.findings(); n > 0 {
+		kinds := []string{}
+		for _, k := range []struct {
+			n    int
+			name string
+		}{{rep.DriftCount, "drift"}, {rep.DupCount, "duplicate intents"}, {rep.WaitCount, "waiting transitions"},
+			{rep.DeadLetters.Old + rep.DeadLetters.Undated, "old dead letters"}} {
+			if k.n > 0 {
+				kinds = append(kinds, k.name)
+			}
+		}
+		fmt.Fprintf(w, "\nfound: %s (exit status %d)\n", strings.Join(kinds, ", "), ExitFound)
+	}
+}
+
+// printReconcileJSON writes rep for machines.
+func printReconcileJSON(w io.Writer, rep reconcileReport) error {
+	section := func(count int, items any, setting string, d time.Duration) map[string]any {
+		s := map[string]any{"count": count, "items": items}
+		if setting != "" {
+			s[setting] = d.String()
+		}
+		return s
+	}
+	letters := rep.DeadLetters
+	letters.Letters = orEmpty(letters.Letters)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(map[string]any{
+		"clean":               rep.findings() == 0,
+		"snapshot_at":         rep.At,
+		"duration_ms":         rep.Duration.Milliseconds(),
+		"transfers":           rep.Transfers,
+		"accounts":            rep.Accounts,
+		"drift":               section(rep.DriftCount, orEmpty(rep.Drift), "", 0),
+		"duplicate_intents":   section(rep.DupCount, orEmpty(rep.Duplicates), "window", rep.Window),
+		"waiting_transitions": section(rep.WaitCount, orEmpty(rep.Waiting), "older_than", rep.After),
+		"dead_letters":        letters,
+		"inbox_ttl":           rep.InboxTTL.String(),
+	})
+}
+
+// orEmpty makes a nil list [] in JSON.
+func orEmpty[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}

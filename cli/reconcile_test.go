@@ -1,0 +1,122 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"transferconsumer/config"
+	"transferconsumer/db"
+)
+
+// reconcile's flags are checked before the configuration, the database or
+// the broker: a wrong one fails (exit 1, as for every command) with the
+// usage, and --help prints it and succeeds.
+func TestReconcileArgumentsBeforeConnecting(t *testing.T) {
+	noBroker(t)
+	tests := []struct {
+		args []string
+		want string // "" for success
+	}{
+		{[]string{"reconcile", "--help"}, ""},
+		{[]string{"reconcile", "-n", "-1"}, "-n must not be negative"},
+		{[]string{"reconcile", "--skip-dlq", "--require-dlq"}, "contradict"},
+		{[]string{"reconcile", "extra"}, "takes no arguments"},
+		{[]string{"reconcile", "--frobnicate"}, "flag provided but not defined"},
+	}
+	for _, tt := range tests {
+		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {
+			var stdout bytes.Buffer
+			err := run(t.Context(), tt.args, &stdout, &stdout)
+			switch {
+			case tt.want == "" && err != nil:
+				t.Fatalf("exit with %v, want 0", err)
+			case tt.want == "" && !strings.Contains(stdout.String(), "Exit status: 0 when nothing was found, 3"):
+				t.Errorf("no usage:\n%s", stdout.String())
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), "Usage:")):
+				t.Errorf("got %v, want %q and the usage", err, tt.want)
+			case tt.want != "" && Found(err):
+				t.Errorf("a wrong flag would exit %d, want 1", ExitFound)
+			}
+		})
+	}
+}
+
+func TestReconcileSettingsAreChecked(t *testing.T) {
+	for _, tt := range []struct{ name, value, want string }{
+		{"RECONCILE_INTERVAL", "-1s", "must not be negative"},
+		{"RECONCILE_WINDOW", "0s", "must be positive"},
+		{"RECONCILE_PENDING_AFTER", "-5m", "must be positive"},
+		{"RECONCILE_DLQ", "maybe", "true or false"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv(tt.name, tt.value)
+			_, err := config.Load()
+			if err == nil || !strings.Contains(err.Error(), tt.name) || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("%s=%s: %v, want an error naming it, %q", tt.name, tt.value, err, tt.want)
+			}
+		})
+	}
+	t.Setenv("RECONCILE_INTERVAL", "0")
+	if c, err := config.Load(); err != nil || c.ReconcileEvery != 0 {
+		t.Errorf("RECONCILE_INTERVAL=0 (off): %v, %v", c.ReconcileEvery, err)
+	}
+}
+
+// Each kind of finding counts once towards exit status 3, and the report
+// names it, for a person and for a machine; nothing found is exit 0.
+func TestReconcileReportAndStatus(t *testing.T) {
+	actual := int64(150)
+	at := time.Date(2026, 12, 1, 7, 0, 0, 0, time.UTC)
+	found := reconcileReport{
+		Reconciliation: db.Reconciliation{Ran: true, At: at, Transfers: 3, Accounts: 2,
+			Drift:      []db.Drift{{Account: "acc_b", Expected: 100, Actual: &actual, Difference: 50}, {Account: "acc_c", Expected: -5, Difference: 5}},
+			DriftCount: 7,
+			Duplicates: []db.Duplicate{{From: "acc_a", To: "acc_b", Amount: 700, Currency: "EUR", Transfer: "t2", CreatedAt: at, Earlier: "t1", EarlierAt: at.Add(-3 * time.Second)}},
+			DupCount:   1},
+		Window: time.Hour, After: time.Hour, InboxTTL: 720 * time.Hour,
+		DeadLetters: deadLetters{Read: true, Total: 4, Old: 1, Letters: []deadLetter{{EventID: "e1", Class: "poison"}}},
+	}
+	if n := found.findings(); n != 3 {
+		t.Errorf("%d kinds of finding, want 3 (drift, duplicates, old letters)", n)
+	}
+	var text bytes.Buffer
+	printReconcile(&text, found)
+	for _, want := range []string{"7 account(s) in drift", "(the first 2)", "acc_b", "+50", "no balance row",
+		"t2", "t1", "3s", "1 suspected", "1 of 4 (1 older, 0 undated)", "e1", "found: drift, duplicate intents, old dead letters (exit status 3)"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("the report lacks %q:\n%s", want, text.String())
+		}
+	}
+	var js bytes.Buffer
+	if err := printReconcileJSON(&js, found); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Clean bool `json:"clean"`
+		Drift struct {
+			Count int `json:"count"`
+			Items []struct {
+				Actual *int64 `json:"actual"`
+			} `json:"items"`
+		} `json:"drift"`
+		Waiting struct {
+			Items []any `json:"items"`
+		} `json:"waiting_transitions"`
+	}
+	if err := json.Unmarshal(js.Bytes(), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.Clean || got.Drift.Count != 7 || len(got.Drift.Items) != 2 || got.Drift.Items[1].Actual != nil || got.Waiting.Items == nil {
+		t.Errorf("JSON %s", js.String())
+	}
+
+	clean := reconcileReport{Reconciliation: db.Reconciliation{Ran: true, At: at}, DeadLetters: deadLetters{Error: "not read: --skip-dlq"}}
+	text.Reset()
+	printReconcile(&text, clean)
+	if clean.findings() != 0 || strings.Contains(text.String(), "found:") || !strings.Contains(text.String(), "not read: --skip-dlq") {
+		t.Errorf("a clean report:\n%s", text.String())
+	}
+}

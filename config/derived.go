@@ -1,0 +1,79 @@
+package config
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+
+	"transferconsumer/consumer"
+	"transferconsumer/retry"
+	"transferconsumer/topology"
+)
+
+// What the settings make for the parts of the service they configure.
+
+// Instance is INSTANCE_NAME, else HOSTNAME-PID.
+func (c Config) Instance() string {
+	if c.InstanceName != "" {
+		return c.InstanceName
+	}
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s-%d", host, os.Getpid())
+}
+
+// DebugAddr is where /debug/pprof is served: nowhere ("") unless PPROF=true.
+func (c Config) DebugAddr() string {
+	if !c.Pprof {
+		return ""
+	}
+	return c.PprofAddr
+}
+
+// PoolSize is the database pool's size: DB_MAX_CONNS, else QUEUE_COUNT+4.
+func (c Config) PoolSize() int {
+	if c.DBMaxConns > 0 {
+		return c.DBMaxConns
+	}
+	// One per consuming queue, plus the prune job, the readiness ping and the
+	// oldest-row gauge, so that none of them makes a consumer wait.
+	return c.QueueCount + 4
+}
+
+// Reconnect is the backoff between reconnects to the broker or database.
+func (c Config) Reconnect() retry.Backoff {
+	return retry.Backoff{Min: c.ReconnectMin, Max: c.ReconnectMax}
+}
+
+// Topology is the broker topology the settings name.
+func (c Config) Topology() topology.Spec {
+	return topology.Spec{Prefix: c.Prefix, Queues: c.QueueCount, DeliveryLimit: c.DeliveryLimit}
+}
+
+// Consumer is the consumer's configuration, logging to log; the hooks
+// (Observe, Tracer, …) are left for the caller to set.
+func (c Config) Consumer(log *slog.Logger) consumer.Config {
+	urls, _ := c.BrokerURLs() // validated at load; a file is read again at each dial
+	mgmt, _ := c.management() // validated at load
+	var urlsFunc func() ([]string, error)
+	if c.AMQPURLFile != "" {
+		urlsFunc = c.BrokerURLs
+	}
+	return consumer.Config{
+		URLs:            urls,
+		URLsFunc:        urlsFunc,
+		Topology:        c.Topology(),
+		Declare:         c.DeclareTopology,
+		Management:      mgmt,
+		Instance:        c.Instance(),
+		ReplicaIndex:    c.ReplicaIndex,
+		ReplicaCount:    c.ReplicaCount,
+		ShutdownTimeout: c.ShutdownTimeout,
+		ApplyTimeout:    c.ApplyTimeout,
+		BatchMax:        c.BatchMax,
+		BatchLinger:     c.BatchLinger,
+		MaxBodyBytes:    c.MaxBodyBytes,
+		Retry:           retry.Backoff{Min: c.RetryMin, Max: c.RetryMax},
+		Reconnect:       c.Reconnect(),
+		Logger:          log,
+	}
+}

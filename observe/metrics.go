@@ -1,0 +1,183 @@
+package observe
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"transferconsumer/config"
+	"transferconsumer/consumer"
+	"transferconsumer/db"
+)
+
+// Metrics are the service's Prometheus series. Each is fed from one place:
+// the consumer's decision and retry hooks, the prune job, or a scrape-time
+// read of the service's state.
+type Metrics struct {
+	registry   *prometheus.Registry
+	collectors []prometheus.Collector // what registry holds
+	events     *prometheus.CounterVec
+	latency    *prometheus.HistogramVec
+	retries    prometheus.Counter
+	batches    prometheus.Histogram
+	conflicts  prometheus.Counter
+	pruned     prometheus.Counter
+	reconcile  reconcileGauges // reconcile.go
+
+	// The series of the two common outcomes, resolved once rather than
+	// looked up by label for every event.
+	applied, duplicate               prometheus.Counter
+	appliedLatency, duplicateLatency prometheus.Observer
+}
+
+// NewMetrics returns the series, registered: those fed by the hooks below,
+// and those read at scrape time from h and from two settings of cfg.
+func NewMetrics(h *Health, cfg config.Config) *Metrics {
+	const ns = "transferconsumer"
+	m := &Metrics{
+		registry: prometheus.NewRegistry(),
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "events_total",
+			Help: "Deliveries by outcome (applied, duplicate, dead_lettered, requeued) and failure class.",
+		}, []string{"outcome", "class"}),
+		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Name: "event_processing_seconds",
+			Help:    "Time from receiving a delivery to acking, dead-lettering or requeueing it, by outcome.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"outcome"}),
+		retries: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "db_retries_total",
+			Help: "In-place retries of transient database failures.",
+		}),
+		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "producer_conflicts_total",
+			Help: "Deliveries whose eventId was applied before with other content; alert on any increase.",
+		}),
+		batches: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: ns, Name: "batch_size",
+			Help:    "Deliveries taken in one batch (BATCH_MAX above 1): how full the batches are.",
+			Buckets: []float64{1, 2, 5, 10, 20, 50, 100, 200, 500},
+		}),
+		pruned: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "inbox_pruned_rows_total",
+			Help: "Inbox rows removed by retention.",
+		}),
+	}
+	// Series an alert watches exist from the start, at zero.
+	for _, oc := range [][2]string{{"applied", ""}, {"duplicate", ""}, {"requeued", "unknown"},
+		{"dead_lettered", "poison"}, {"dead_lettered", "producer-conflict"}, {"dead_lettered", "invalid-transition"}} {
+		m.events.WithLabelValues(oc[0], oc[1])
+	}
+	m.applied, m.duplicate = m.events.WithLabelValues("applied", ""), m.events.WithLabelValues("duplicate", "")
+	m.appliedLatency, m.duplicateLatency = m.latency.WithLabelValues("applied"), m.latency.WithLabelValues("duplicate")
+	gauge := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: name, Help: help}, f)
+	}
+	boolean := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	m.collectors = []prometheus.Collector{
+		m.events, m.latency, m.retries, m.conflicts, m.pruned, m.batches,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		// Two settings, so that alert rules compare against the values
+		// the service runs with (prometheus/alerts.yml).
+		gauge("queue_count", "QUEUE_COUNT: the partition queues this instance consumes when all is well.",
+			func() float64 { return float64(cfg.QueueCount) }),
+		gauge("inbox_ttl_seconds", "INBOX_TTL: how long an applied eventId is remembered.",
+			func() float64 { return cfg.InboxTTL.Seconds() }),
+		gauge("broker_connected", "1 while a broker connection is up.",
+			func() float64 { return boolean(h.state().Connected) }),
+		gauge("queues_consumed", "Partition queues with a running consumer.",
+			func() float64 { return float64(h.state().Consuming) }),
+		gauge("queues_blocked", "Partition queues retrying their message in hand because the environment failed (adr/0002).",
+			func() float64 { return float64(len(h.state().Blocked)) }),
+		gauge("unconsumed_queues", "Partition queues beyond QUEUE_COUNT that exist: their messages wait for an instance with a larger QUEUE_COUNT.",
+			func() float64 { return float64(len(h.state().Unconsumed)) }),
+		gauge("dlq_messages", "Dead letters waiting in the dead-letter queue, as last read (every 10 s); -1 before the first read.",
+			func() float64 { return float64(h.state().DLQDepth) }),
+		blockedSince{h, prometheus.NewDesc(ns+"_queue_blocked_since_seconds",
+			"Unix time since which the queue has retried its message in hand because the environment failed; 0 when it is not blocked.",
+			[]string{"queue"}, nil)},
+		gauge("database_up", "1 when the database answered a ping at scrape time.",
+			func() float64 { return boolean(h.pingDB() == nil) }),
+		gauge("inbox_oldest_row_age_seconds", "Age of the oldest inbox row; retention keeps it near INBOX_TTL.",
+			func() float64 {
+				database := h.database.Load()
+				if database == nil {
+					return -1
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				age, err := db.OldestInboxAge(ctx, database)
+				if err != nil {
+					return -1
+				}
+				return age.Seconds()
+			}),
+	}
+	var reconciled []prometheus.Collector
+	m.reconcile, reconciled = newReconcileGauges(ns)
+	m.collectors = append(m.collectors, reconciled...)
+	m.registry.MustRegister(m.collectors...)
+	return m
+}
+
+// Decided is the consumer's Observe hook.
+func (m *Metrics) Decided(d consumer.Decision) {
+	switch {
+	case d.Action == consumer.ActionAck && d.Class == "" && !d.Duplicate:
+		m.applied.Inc()
+		m.appliedLatency.Observe(d.Duration.Seconds())
+		return
+	case d.Action == consumer.ActionAck && d.Class == "":
+		m.duplicate.Inc()
+		m.duplicateLatency.Observe(d.Duration.Seconds())
+		return
+	}
+	outcome := d.Outcome()
+	m.events.WithLabelValues(outcome, string(d.Class)).Inc()
+	m.latency.WithLabelValues(outcome).Observe(d.Duration.Seconds())
+	if d.Class == consumer.ClassConflict {
+		m.conflicts.Inc()
+	}
+}
+
+// Retried is the consumer's ObserveRetry hook.
+func (m *Metrics) Retried(consumer.Retry) { m.retries.Inc() }
+
+// Batch is the consumer's ObserveBatch hook.
+func (m *Metrics) Batch(n int) { m.batches.Observe(float64(n)) }
+
+// Pruned counts inbox rows removed by retention.
+func (m *Metrics) Pruned(rows int64) { m.pruned.Add(float64(rows)) }
+
+// blockedSince reports, for every partition queue, since when it has been
+// blocked, read from the service's state at scrape time.
+type blockedSince struct {
+	h    *Health
+	desc *prometheus.Desc
+}
+
+func (b blockedSince) Describe(ch chan<- *prometheus.Desc) { ch <- b.desc }
+
+func (b blockedSince) Collect(ch chan<- prometheus.Metric) {
+	svc := b.h.svc.Load()
+	if svc == nil {
+		return
+	}
+	st := svc.State()
+	since := map[string]float64{}
+	for _, q := range st.Blocked {
+		since[q.Queue] = float64(q.Since.UnixMilli()) / 1000
+	}
+	for i := 0; i < st.Queues; i++ {
+		q := svc.Queue(i)
+		ch <- prometheus.MustNewConstMetric(b.desc, prometheus.GaugeValue, since[q], q)
+	}
+}
