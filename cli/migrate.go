@@ -16,7 +16,8 @@ import (
 
 const migrateUsage = `Usage: transferconsumer migrate [--grant-to ROLE]
 
-Applies the migrations the schema lacks, in one transaction, then exits.
+Applies the migrations the schema lacks, and the function files (sql/functions)
+whose text changed, in one transaction, then exits.
 Run it as the role that owns the schema: the service itself then needs no
 privilege beyond data, and checks at start that the schema is current.
 
