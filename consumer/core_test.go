@@ -21,6 +21,11 @@ func drive(c *core, result func(tags []uint64) ([]Outcome, error, Class)) []stri
 		for _, s := range cmd.Slots {
 			tags = append(tags, s.Tag)
 		}
+		for _, st := range cmd.Settled {
+			if cmd.Kind != cmdAck {
+				tags = append(tags, st.Slot.Tag)
+			}
+		}
 		switch cmd.Kind {
 		case cmdNone, cmdDone:
 			return append(log, cmd.Kind.String())
@@ -30,7 +35,7 @@ func drive(c *core, result func(tags []uint64) ([]Outcome, error, Class)) []stri
 			c.applied(outs, err, class)
 		case cmdCopy:
 			log = append(log, fmt.Sprintf("copy %v", tags))
-			c.copied(copied, nil)
+			c.copied(factConfirmed, nil)
 		case cmdWait:
 			log = append(log, "wait")
 			c.tick()
@@ -150,7 +155,7 @@ func TestCoreRejectsARefusedCopyBeforeTheAck(t *testing.T) {
 		got = append(got, cmd.Kind.String())
 		switch cmd.Kind {
 		case cmdCopy:
-			c.copied(copyRefused, errors.New("nacked"))
+			c.copied(factRefused, errors.New("nacked"))
 		case cmdApply:
 			c.applied(make([]Outcome, len(cmd.Slots)), nil, "")
 		case cmdAck:
