@@ -134,6 +134,10 @@ const (
 	factParkFailed                 // the database could not park it
 )
 
+var factNames = [...]string{"confirmed", "refused", "alarm", "ended", "parked", "park failed"}
+
+func (f copyFact) String() string { return factNames[f] }
+
 // core decides what happens to the deliveries of one queue's consumer.
 type core struct {
 	max    int  // BATCH_MAX: the prefetch, and the most events in one transaction

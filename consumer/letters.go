@@ -169,8 +169,7 @@ func isClosed(c <-chan struct{}) bool {
 // from the drain until it comes, and dropped should it be a confirm.
 func (c *letterChannel) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
 	if c.ch == nil || c.ch.IsClosed() {
-		var err error
-		if c.ch, c.returns, c.closes, err = c.letters.channel(ctx); err != nil {
+		if err := c.open(ctx); err != nil {
 			return err
 		}
 	}
@@ -201,6 +200,34 @@ func (c *letterChannel) publish(ctx context.Context, exchange, key string, msg a
 		go func() { <-result; _ = ch.Close() }()
 		return context.Cause(ctx)
 	}
+}
+
+// open opens the channel. A blocked connection answers no channel.open
+// until the alarm passes: when parks, the alarm ends the wait, with
+// errAlarmCut (nothing was published).
+func (c *letterChannel) open(ctx context.Context) error {
+	if c.parks {
+		octx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() { // ends with octx at the latest
+			select {
+			case <-c.letters.alarmOn():
+				cancel()
+			case <-octx.Done():
+			}
+		}()
+		var err error
+		if c.ch, c.returns, c.closes, err = c.letters.channel(octx); err != nil {
+			if ctx.Err() == nil && isClosed(c.letters.alarmOn()) {
+				return fmt.Errorf("%w: %w", errAlarmCut, err)
+			}
+			return err
+		}
+		return nil
+	}
+	var err error
+	c.ch, c.returns, c.closes, err = c.letters.channel(ctx)
+	return err
 }
 
 // confirmed is what the broker's answer to a publish means: nil when it

@@ -3,6 +3,8 @@ package consumer
 import (
 	"context"
 	"errors"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -15,12 +17,14 @@ type mdb struct {
 	lostCommits bool // a COMMIT may succeed and its answer be lost
 	bug         bool // a bug makes every attempt panic
 	bugSeen     bool
-	slowOver    int // attempts of more events than this time out; 0: none do
-	applied     map[string]int
+	slowOver    int            // attempts of more events than this time out; 0: none do
+	applied     map[string]int // the inbox: eventId -> applied
+	effects     map[string]int // the message's effects, however its eventId was read
 	balance     map[int]int64
 	last        map[int]int // account -> seq of the last event applied
 	panicked    map[string]bool
 	byID        map[string]*mmsg
+	msgs        []*mmsg // by seq
 	parked      []*parkedLetter
 	r           func(n int) int
 	logf        func(format string, args ...any)
@@ -36,13 +40,22 @@ type parkedLetter struct {
 }
 
 func newMDB() *mdb {
-	return &mdb{applied: map[string]int{}, balance: map[int]int64{}, last: map[int]int{},
+	return &mdb{applied: map[string]int{}, effects: map[string]int{}, balance: map[int]int64{}, last: map[int]int{},
 		panicked: map[string]bool{}, byID: map[string]*mmsg{}}
+}
+
+// message is the message ev was decoded from, known by its transfer.
+func (d *mdb) message(ev Event) *mmsg {
+	seq, err := strconv.Atoi(ev.Transfer.ID[len(ev.Transfer.ID)-12:])
+	if err != nil || seq >= len(d.msgs) {
+		d.t.Fatalf("event %s: not one the model published", ev.ID)
+	}
+	return d.msgs[seq]
 }
 
 func (d *mdb) parkedFor(id string) bool {
 	for _, p := range d.parked {
-		if p.l.EventID == id {
+		if p.l.MessageID == id {
 			return true
 		}
 	}
@@ -64,7 +77,7 @@ func (d *mdb) apply(evs []Event) ([]Outcome, error) {
 		panic("a bug that hits every message")
 	}
 	for _, ev := range evs {
-		m := d.byID[ev.ID]
+		m := d.message(ev)
 		switch {
 		case m.kind == panicky || (m.kind == flaky && !d.panicked[m.id]):
 			d.panicked[m.id] = true
@@ -77,20 +90,22 @@ func (d *mdb) apply(evs []Event) ([]Outcome, error) {
 	}
 	outs := make([]Outcome, len(evs))
 	for i, ev := range evs {
-		m := d.byID[ev.ID]
+		m := d.message(ev)
 		if m.kind == conflict {
 			outs[i].Err = Conflict(errors.New("same eventId, other content"))
 			continue
 		}
-		if d.applied[m.id] > 0 {
+		if d.applied[ev.ID] > 0 { // the inbox: keyed by the eventId
 			outs[i].Duplicate = true
 			continue
 		}
 		if last, ok := d.last[m.account]; ok && last > m.seq {
 			d.t.Fatalf("account %d: event %d applied after event %d", m.account, m.seq, last)
 		}
-		d.applied[m.id]++
-		d.balance[m.account] += m.amount
+		d.applied[ev.ID]++
+		d.effects[m.id]++
+		account, _ := strconv.Atoi(strings.TrimPrefix(ev.Transfer.FromAccount, "acc_"))
+		d.balance[account] += ev.Transfer.AmountMinor // the effect, as the event says
 		d.last[m.account] = m.seq
 	}
 	if d.lostCommits && d.r(3) == 0 {
@@ -123,6 +138,9 @@ func (a *mapp) ApplyBatch(ctx context.Context, evs []Event) ([]Outcome, error) {
 // and outlasts SHUTDOWN_TIMEOUT: the statement is cancelled, nothing
 // committed.
 func (a *mapp) attempt(ctx context.Context, evs []Event) ([]Outcome, error) {
+	if a.rp.ended {
+		a.s.t.Fatalf("replica %d applies after its session ended", a.rp.id)
+	}
 	if ctx.Err() == nil && !a.s.calm && a.s.r.IntN(60) == 0 {
 		a.s.logf("r%d: SIGTERM during an attempt, which outlasts SHUTDOWN_TIMEOUT", a.rp.id)
 		a.s.endSession(a.rp)
@@ -146,7 +164,7 @@ func (a *mapp) Park(ctx context.Context, l OutboxLetter) error {
 	}
 	a.s.logf("r%d parks the letter of %s (held: %v)", a.rp.id, l.EventID, l.Abandoned != nil)
 	a.rp.alarmCopies = 0
-	a.s.b.blame(a.s.db.byID[l.EventID], l.Class, a.rp.gen)
+	a.s.b.blame(a.s.db.byID[l.MessageID], l.Class, a.rp.gen)
 	p := &parkedLetter{l: l, gen: a.rp.gen, held: l.Abandoned != nil}
 	a.s.db.parked = append(a.s.db.parked, p)
 	return nil

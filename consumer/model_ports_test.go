@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strconv"
-	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -64,14 +63,18 @@ func (s *sim) start(rp *replica) {
 	if s.linger {
 		cfg.BatchLinger = time.Millisecond
 	}
+	cfg.Observe = func(d Decision) { // what the log and the metrics say of each delivery
+		if d.EventID == "" || (d.Action == ActionAck) != (d.Class == "") {
+			s.t.Fatalf("replica %d: decision %+v names no event, or an action its class contradicts", rp.id, d)
+		}
+	}
 	svc := New(cfg, app)
 	session, endSession := context.WithCancel(context.Background())
 	work, endWork := context.WithCancelCause(context.Background())
 	rp.endSession, rp.endWork = endSession, endWork
 	rp.cons = &mconsumer{rep: rp, prefetch: max(1, s.batchMax), held: map[uint64]*mmsg{}, keys: map[uint64]int{}}
 	s.b.consumers = append(s.b.consumers, rp.cons)
-	queue := "q" + strconv.Itoa(rp.gen) // whose letter it is, when the drain publishes it
-	rp.w = &worker{svc: svc, queue: queue, tag: cfg.Instance + "/" + queue, session: session, work: work,
+	rp.w = &worker{svc: svc, queue: "q", tag: cfg.Instance + "/q", session: session, work: work,
 		ch: &mchannel{s: s, rp: rp}, letters: &mletters{s: s, rp: rp}, parker: app, now: time.Now,
 		lane: app, core: newCore(cfg.BatchMax, cfg.BatchLinger > 0)}
 }
@@ -275,7 +278,7 @@ func (l *mletters) publish(ctx context.Context, exchange, key string, msg amqp.P
 		return errors.New("broker nacked the message")
 	}
 	rp.alarmCopies = 0
-	s.b.letter(m, p.key, class, rp.gen)
+	s.b.letter(m, p.key, class)
 	return nil
 }
 
@@ -292,9 +295,7 @@ func (s *sim) drain(rp *replica) bool {
 		}
 		k, _ := msg.Headers["x-model-delivery"].(int64)
 		class, _ := msg.Headers[dlq.HeaderClass].(string)
-		queue, _ := msg.Headers[dlq.HeaderOriginalQueue].(string)
-		gen, _ := strconv.Atoi(strings.TrimPrefix(queue, "q"))
-		s.b.letter(s.db.byID[msg.MessageId], int(k), class, gen)
+		s.b.letter(s.db.byID[msg.MessageId], int(k), class)
 		return nil
 	})
 	return true

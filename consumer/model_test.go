@@ -209,7 +209,7 @@ func (b *broker) giveBack(m *mmsg, counted bool) {
 	if counted {
 		m.returns++
 		if m.returns > b.limit {
-			b.letter(m, 0, "delivery_limit", 0)
+			b.letter(m, 0, "delivery_limit")
 			return
 		}
 	}
@@ -217,9 +217,8 @@ func (b *broker) giveBack(m *mmsg, counted bool) {
 }
 
 // letter puts a letter of m in the DLQ: of delivery key (0: none, the
-// broker's delivery limit), with class, published by worker gen (0: the
-// broker).
-func (b *broker) letter(m *mmsg, key int, class string, gen int) {
+// broker's delivery limit), with class.
+func (b *broker) letter(m *mmsg, key int, class string) {
 	b.logf("DLQ gets a letter of %d (delivery %d, %s)", m.seq, key, class)
 	if !m.kind.causedByMessage() && !m.bugged {
 		b.t.Fatalf("event %d (%v) dead-lettered (%s) though the message did not cause it", m.seq, m.kind, class)
@@ -250,7 +249,7 @@ func (b *broker) blame(m *mmsg, class string, gen int) {
 // each is routed and confirmed.
 func (b *broker) route() {
 	for _, p := range b.inflight {
-		b.letter(p.m, p.key, p.class, p.gen)
+		b.letter(p.m, p.key, p.class)
 		p.answer <- nil
 	}
 	b.inflight = nil
@@ -269,7 +268,7 @@ func (b *broker) drop(gen int) {
 		}
 		b.mayTwice[p.key] = true
 		if b.r.IntN(2) == 0 {
-			b.letter(p.m, p.key, p.class, p.gen)
+			b.letter(p.m, p.key, p.class)
 		}
 		p.answer <- errors.New("channel closed")
 	}
@@ -313,17 +312,17 @@ func (b *broker) settle(c *mconsumer, tag uint64, multiple, ack bool, requeue, c
 		delete(c.held, t)
 		switch {
 		case ack:
-			if b.db.applied[m.id] == 0 && b.dlq[m.id] == 0 && !b.db.parkedFor(m.id) {
+			if b.db.effects[m.id] == 0 && b.dlq[m.id] == 0 && !b.db.parkedFor(m.id) {
 				b.t.Fatalf("event %d (%v) acked though neither applied nor dead-lettered", m.seq, m.kind)
 			}
 		case requeue:
 			b.giveBack(m, counted)
 		default: // the queue's own dead-lettering, for the class of the copy refused
-			class, gen := "rejected", 0
+			class := "rejected"
 			if rp := b.rejecter; rp != nil && rp.nacked[c.keys[t]] != "" {
-				class, gen = rp.nacked[c.keys[t]], rp.gen
+				class = rp.nacked[c.keys[t]]
 			}
-			b.letter(m, c.keys[t], class, gen)
+			b.letter(m, c.keys[t], class)
 		}
 	}
 	return nil
@@ -470,6 +469,7 @@ func play(ft *fatalT, sc schedule) {
 			amount: 1 + r.Int64N(100), kind: k}
 		msgs = append(msgs, m)
 		db.byID[m.id] = m
+		db.msgs = append(db.msgs, m)
 		b.main = append(b.main, m)
 	}
 	for i := 0; i < sc.replicas; i++ {
@@ -527,7 +527,7 @@ func play(ft *fatalT, sc schedule) {
 	// reconnects.
 	settled := func() bool {
 		for _, m := range msgs {
-			if db.applied[m.id] == 0 && b.dlq[m.id] == 0 {
+			if db.effects[m.id] == 0 && b.dlq[m.id] == 0 {
 				return false
 			}
 		}
@@ -565,19 +565,19 @@ func play(ft *fatalT, sc schedule) {
 	balance := map[int]int64{}
 	for _, m := range msgs {
 		switch {
-		case m.bugged && db.applied[m.id] == 1:
+		case m.bugged && db.effects[m.id] == 1:
 			// The bug struck after a COMMIT whose answer was lost: the
 			// event was applied, and its letter is a duplicate to replay.
 			balance[m.account] += m.amount
 		case m.kind.causedByMessage() || m.bugged:
-			if db.applied[m.id] > 0 {
+			if db.effects[m.id] > 0 {
 				fatal("event %d (%v) applied", m.seq, m.kind)
 			}
 			if b.dlq[m.id] == 0 {
 				fatal("event %d (%v) neither applied nor dead-lettered", m.seq, m.kind)
 			}
-		case db.applied[m.id] != 1:
-			fatal("event %d applied %d times", m.seq, db.applied[m.id])
+		case db.effects[m.id] != 1:
+			fatal("event %d applied %d times", m.seq, db.effects[m.id])
 		default:
 			balance[m.account] += m.amount
 		}

@@ -255,19 +255,21 @@ func (w *worker) exec(cmd command) error {
 		w.core.copied(f, err)
 		w.unblock()
 	case cmdAck:
+		id := w.eventID(cmd.Settled[0].Slot)
 		err := w.ch.Ack(cmd.Tag, cmd.Multiple)
 		w.settled(cmd.Settled, err)
 		if err != nil {
-			return fmt.Errorf("queue %s: ack event %s: %w", w.queue, w.eventID(cmd.Settled[0].Slot), err)
+			return fmt.Errorf("queue %s: ack event %s: %w", w.queue, id, err)
 		}
 		w.kickOutbox(cmd.Settled)
 	case cmdReject:
 		// A refused copy: the queue's own at-least-once dead-lettering
 		// takes the message instead.
+		id := w.eventID(cmd.Settled[0].Slot)
 		err := w.ch.Reject(cmd.Tag, false)
 		w.settled(cmd.Settled, err)
 		if err != nil {
-			return fmt.Errorf("queue %s: reject event %s: %w", w.queue, w.eventID(cmd.Settled[0].Slot), err)
+			return fmt.Errorf("queue %s: reject event %s: %w", w.queue, id, err)
 		}
 	case cmdClose:
 		// Everything unsettled goes back together, in order; a close that
@@ -320,6 +322,7 @@ func (w *worker) kickOutbox(settled []settlement) {
 func (w *worker) settled(settled []settlement, sendErr error) {
 	for _, st := range settled {
 		s := st.Slot
+		id := w.eventID(s)
 		h := w.held[s.Tag]
 		delete(w.held, s.Tag)
 		if h == nil {
@@ -327,7 +330,7 @@ func (w *worker) settled(settled []settlement, sendErr error) {
 		}
 		dec := Decision{
 			Queue:         w.queue,
-			EventID:       w.eventID(s),
+			EventID:       id,
 			EventType:     s.Event.Type,
 			TraceID:       traceID(h.span, h.d.Headers),
 			Redelivered:   h.d.Redelivered,

@@ -98,7 +98,7 @@ func (in *Inbox) Park(ctx context.Context, l consumer.OutboxLetter) error {
 		return translate(fmt.Errorf("park the dead letter of event %s: %w", l.EventID, err))
 	}
 	if l.Abandoned != nil {
-		in.holdParked(id, l.Abandoned)
+		in.holdParked(ctx, id, l.Abandoned)
 	}
 	return nil
 }
@@ -107,16 +107,20 @@ func (in *Inbox) Park(ctx context.Context, l consumer.OutboxLetter) error {
 // passes over a locked row) until answer comes: the answer to a publish of
 // the same letter that an alarm cut short. A confirm deletes the row, so
 // that the DLQ does not hold the letter twice; anything else releases it
-// for the drain. Should the lock not be taken, or its connection be lost
-// meanwhile, the drain publishes the letter, and the DLQ may hold it twice,
-// never zero times.
-func (in *Inbox) holdParked(id int64, answer <-chan error) {
-	tx, err := in.db.BeginTxx(context.Background(), nil)
+// for the drain. Should a drain have taken the row between its insert and
+// the lock (SKIP LOCKED: the worker does not wait for it), or the lock's
+// connection be lost meanwhile, the drain publishes the letter, and the DLQ
+// may hold it twice, never zero times.
+//
+// The transaction outlives ctx (which bounds the lock's statement only): a
+// transaction whose context ends is rolled back.
+func (in *Inbox) holdParked(ctx context.Context, id int64, answer <-chan error) {
+	tx, err := in.db.BeginTxx(context.WithoutCancel(ctx), readCommitted)
 	if err != nil {
 		return
 	}
 	var locked int64
-	if err := tx.QueryRowx(`SELECT id FROM dead_letter_outbox WHERE id = $1 FOR UPDATE`, id).Scan(&locked); err != nil {
+	if err := tx.QueryRowxContext(ctx, `SELECT id FROM dead_letter_outbox WHERE id = $1 FOR UPDATE SKIP LOCKED`, id).Scan(&locked); err != nil {
 		_ = tx.Rollback()
 		return
 	}
