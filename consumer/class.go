@@ -37,8 +37,9 @@ const (
 	// environment's fault, since the safe side is never the DLQ: retried in
 	// place, with an alarm, until someone fixes it.
 	ClassUnknown Class = "unknown"
-	// ClassPanic: handling this message panicked. Requeued; should it keep
-	// doing so, the quorum queue's delivery limit ends the loop.
+	// ClassPanic: handling this message panicked. Retried in place; after
+	// three panics of it alone dead-lettered, unless the queue's last dead
+	// letter was a panic too with nothing applied since (core.go).
 	ClassPanic Class = "panic"
 	// ClassShutdown: the service is stopping. Not a failure: requeued,
 	// never dead-lettered.

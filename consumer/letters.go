@@ -19,8 +19,8 @@ import (
 // connection that publishes: were the copies sent on the consuming
 // connection, one poison message would stall the acks of every queue, just
 // when draining would relieve the broker. On a connection of their own,
-// only the worker holding a dead letter waits for the alarm to pass; every
-// other queue goes on.
+// the alarm holds back the dead letters only, and those the worker parks in
+// the database instead (adr/0002): every queue goes on.
 type letters struct {
 	urls  func() ([]string, error) // the broker's nodes, asked at each dial (Config.urls)
 	first int                      // the node to try first: the consuming connection's

@@ -201,8 +201,9 @@ func (w *worker) gather() {
 }
 
 // take decodes d and hands it to the core. A panic while decoding is
-// recovered as ClassPanic: the message is returned, and the delivery limit
-// ends a loop of them.
+// recovered as ClassPanic: the core dead-letters the message, or holds it
+// in place when the queue's last dead letter was a panic too with nothing
+// applied since (core.work).
 func (w *worker) take(d amqp.Delivery) {
 	h := &delivery{d: d, start: w.now()}
 	if t := w.svc.cfg.Tracer; t != nil {
