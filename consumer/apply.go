@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"runtime/debug"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -25,10 +26,12 @@ func (w *worker) apply(session context.Context, slots []*slot) (outs []Outcome, 
 	if w.svc.cfg.ObserveBatch != nil && w.svc.cfg.BatchMax > 1 {
 		w.svc.cfg.ObserveBatch(len(evs))
 	}
-	w.traceID = traceID(slots[0].span, slots[0].d.Headers)
-	w.traced = nil
-	if slots[0].span != nil {
-		w.traced = trace.ContextWithSpan(context.Background(), slots[0].span)
+	w.traceID, w.traced = "", nil
+	if h := w.held[slots[0].Tag]; h != nil {
+		w.traceID = traceID(h.span, h.d.Headers)
+		if h.span != nil {
+			w.traced = trace.ContextWithSpan(context.Background(), h.span)
+		}
 	}
 	defer func() {
 		if p := recover(); p != nil {
@@ -120,8 +123,10 @@ func (w *worker) cut(err error) error {
 // ClassPanic error; the lane, which it may have left inside a transaction,
 // is replaced.
 func (w *worker) panicked(eventID string, p any) error {
-	w.svc.log.Error("panic while handling a message; it is retried in place",
-		"queue", w.queue, "event_id", eventID, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+	if w.svc.log.Enabled(context.Background(), slog.LevelError) { // the stack is dear to take
+		w.svc.log.Error("panic while handling a message; it is retried in place",
+			"queue", w.queue, "event_id", eventID, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
+	}
 	w.renewLane()
 	return &classified{class: ClassPanic, err: fmt.Errorf("panic: %v", p)}
 }

@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sort"
 	"time"
@@ -73,4 +74,43 @@ func logBlocked(log *slog.Logger, th *retry.Throttle, b Blocked, delay time.Dura
 		attrs = append(attrs, "trace_id", b.TraceID)
 	}
 	log.Log(context.Background(), level, msg, attrs...)
+}
+
+// reportBlocked reports the queue blocked, retrying its first event in
+// place after delay.
+func (w *worker) reportBlocked(attempt int, delay time.Duration) {
+	err := w.core.lastErr
+	if err == nil {
+		err = errors.New("unknown")
+	}
+	b := &w.blocked
+	if b.Attempts == 0 {
+		b.Since = w.now()
+		w.th = retry.Throttle{}
+	}
+	b.Queue, b.TraceID = w.queue, w.traceID
+	if p := w.core.pending(); len(p) > 0 {
+		b.EventID = p[0].Event.ID
+	} else if len(w.core.slots) > 0 {
+		b.EventID = w.eventID(w.core.slots[0])
+	}
+	b.Attempts, b.Class, b.Reason = attempt+1, ClassOf(context.Background(), err), err.Error()
+	w.svc.setBlocked(*b)
+	logBlocked(w.svc.log, &w.th, *b, delay)
+	if w.svc.cfg.ObserveRetry != nil {
+		w.svc.cfg.ObserveRetry(Retry{Queue: w.queue, EventID: b.EventID, Attempt: attempt + 1, Delay: delay, Err: err})
+	}
+}
+
+// unblock clears the blocked report once the core has no failure to
+// retry any more.
+func (w *worker) unblock() {
+	b := w.blocked
+	if b.Attempts == 0 || w.core.failures > 0 {
+		return
+	}
+	w.blocked = Blocked{}
+	w.svc.clearBlocked(w.queue)
+	w.svc.log.Info("queue unblocked", "queue", w.queue, "event_id", b.EventID, "attempts", b.Attempts,
+		"blocked_ms", w.now().Sub(b.Since).Milliseconds())
 }

@@ -6,10 +6,11 @@ import (
 )
 
 // Class is a failure class. Every error that reaches the handler is put in
-// exactly one class, here and nowhere else, and the class alone decides what
-// happens to the message (adr/0002 and the table in decide). The question
-// is always whether the message caused the failure: only then may it go to
-// the dead-letter queue.
+// exactly one class, here and nowhere else. The core (core.go) decides
+// from the class, through decide, and from what it knows of the queue (a
+// batch to split, a panic's count and blame, the session's end): adr/0002.
+// The question is always whether the message caused the failure: only then
+// may it go to the dead-letter queue.
 type Class string
 
 const (
@@ -36,8 +37,9 @@ const (
 	// environment's fault, since the safe side is never the DLQ: retried in
 	// place, with an alarm, until someone fixes it.
 	ClassUnknown Class = "unknown"
-	// ClassPanic: handling this message panicked. Requeued; should it keep
-	// doing so, the quorum queue's delivery limit ends the loop.
+	// ClassPanic: handling this message panicked. Retried in place; after
+	// three panics of it alone dead-lettered, unless the queue's last dead
+	// letter was a panic too with nothing applied since (core.go).
 	ClassPanic Class = "panic"
 	// ClassShutdown: the service is stopping. Not a failure: requeued,
 	// never dead-lettered.
@@ -113,7 +115,7 @@ func ClassOf(ctx context.Context, err error) Class {
 	return ClassUnknown
 }
 
-// Action is what the handler does with a delivery once it has decided.
+// Action is what happens to a delivery.
 type Action string
 
 const (
@@ -123,19 +125,20 @@ const (
 	ActionRequeue    Action = "requeue"     // back to the queue, in order, by the channel's close
 )
 
-// decide maps a class to the one thing that happens to the message:
+// decide is the core's table (core.applied) from the class of an attempt's
+// outcome to what happens to the message:
 //
 //	class                                   action
 //	(none: applied or duplicate)            ack after the commit
 //	poison, producer-conflict,
-//	invalid-transition, data-rejected       dead-letter now (the message caused it)
+//	invalid-transition, data-rejected       dead-letter now (the message caused it); a batch is split first
 //	transient, unknown                      retry in place (the environment caused it, or may have)
-//	panic                                   retry in place; dead-letter after three panics alone (core.go)
+//	panic                                   retry in place; a batch is split; dead-letter after three panics alone,
+//	                                        unless the queue's last dead letter was a panic with nothing applied since
 //	shutdown                                requeue, never dead-letter
 //
 // A retry that the end of the broker session cuts short becomes a requeue,
-// and so does everything behind a message that is requeued. The core
-// (core.go) carries this table out; TestDecide and the model test pin it.
+// and so does everything behind a message that is requeued.
 func decide(class Class) Action {
 	switch {
 	case class == "":

@@ -1,27 +1,25 @@
 package consumer
 
-import (
-	"context"
-	"time"
-
-	amqp "github.com/rabbitmq/amqp091-go"
-	"go.opentelemetry.io/otel/trace"
-)
+import "context"
 
 // The decisions about one queue's deliveries, as a plain value without I/O
-// (see adr/0002 and adr/0006). The worker (worker.go) feeds it what
-// happened (a delivery arrived, an attempt to apply returned, a dead-letter
-// copy was confirmed, a wait ended, the session ended, the channel closed)
-// and carries out the one command it returns at a time: apply these
-// events, copy this one to the DLQ, wait, ack, reject, close the channel.
-// model_test.go drives it through thousands of random schedules against a
-// model of the broker and the database.
+// (see adr/0002 and adr/0006), the way etcd's raft keeps its state
+// machine: facts in, commands out, and the caller does the I/O. The worker
+// (worker.go) feeds it what happened (a delivery arrived, an attempt to
+// apply returned, what became of a dead letter's copy or of its parking, a
+// wait ended, the session ended, the broker cancelled the consumer, the
+// channel closed) and carries out the one command it returns at a time:
+// apply these events, copy this one to the DLQ, park it, wait, ack, reject,
+// close the channel. A command that settles deliveries carries, for each,
+// the decision (action, class, error) the worker logs and observes.
+// model_test.go drives the real worker around it through thousands of
+// random schedules against a model of the broker and the database.
 //
 // The rules it keeps:
 //   - A delivery is acked only once it is final: applied (or a duplicate)
-//     in a committed transaction, or dead-lettered with its copy confirmed.
-//     A multiple ack names a final delivery and covers only final ones:
-//     the rejects of the refused go out before it.
+//     in a committed transaction, or dead-lettered with its copy confirmed
+//     or parked. A multiple ack names a final delivery and covers only
+//     final ones: the rejects of the refused go out before it.
 //   - Nothing behind a delivery that goes back to the queue is applied or
 //     settled: it all goes back with it, in order, by closing the channel.
 //     A cancel would hand the queue to the next single active consumer
@@ -29,24 +27,27 @@ import (
 //     behind what it took meanwhile.
 //   - Once the session ends, nothing new is applied: what is final is
 //     settled, the rest goes back by closing the channel.
+//   - A consumer the broker cancelled settles nothing more: on 4.3 a late
+//     ack would make it the queue's active consumer again, unknown to the
+//     client, beside the next one. Everything goes back by the close.
+//   - A dead letter is copied (published and confirmed) once. While a
+//     broker alarm blocks publishing, or when it cuts the wait for the
+//     confirm, the letter is parked in the database instead; a copy the
+//     broker refused is rejected without requeue (the queue dead-letters
+//     it); a session that ends first returns the message; a failure to
+//     park is the environment's: waited out, then tried again.
 //   - An attempt of several events that fails because of one of them (or
 //     panics) is split: its first half is tried, until the event that
 //     fails stands alone and takes the blame alone. One that the
 //     environment fails is retried in place, after a backoff, with half as
-//     many events (a batch slower than the apply timeout shrinks until it
-//     passes); success doubles the size again.
-//   - A panic is retried in place, like a failure nobody classified: the
-//     message stays in hand, so nothing behind it moves and no delivery is
-//     spent. After panicLimit panics of one event alone it is
-//     dead-lettered as the message's own fault, but only when the queue
-//     applied something since its last such dead letter: a bug that hits
-//     every message dead-letters at most one, then holds the queue,
-//     visibly, until it is fixed. A crash of the whole process is ended
-//     by the quorum queue's delivery limit instead.
-//   - The core never returns a message by itself with Nack or Reject: a
-//     return goes to the back of the queue's returned messages, behind
-//     any returned before it, and only a close returns a consumer's
-//     messages together, in order.
+//     many events; success doubles the size again.
+//   - A panic is retried in place, like a failure nobody classified. After
+//     panicLimit panics of one event alone it is dead-lettered as the
+//     message's own fault, but only when the queue applied something
+//     since its last such dead letter: a bug that hits every message
+//     dead-letters at most one, then holds the queue, visibly.
+//   - The core never returns a message by itself with Nack or Reject: only
+//     a close returns a consumer's messages together, in order.
 
 // fate is what becomes of a delivery in hand.
 type fate int
@@ -55,8 +56,8 @@ const (
 	fatePending  fate = iota // to apply
 	fateApplying             // in the attempt under way
 	fateAck                  // applied or a duplicate: ack it
-	fateLetter               // its own fault: copy it to the DLQ, then ack it
-	fateCopied               // its dead-letter copy is confirmed: ack it
+	fateLetter               // its own fault: copy it to the DLQ (or park it), then ack it
+	fateCopied               // its dead-letter copy is confirmed or parked: ack it
 	fateRefused              // its copy was refused: reject it without requeue (the queue dead-letters it)
 	fateReturn               // back to the queue, in order, with everything behind it
 )
@@ -68,7 +69,8 @@ const panicLimit = 3
 // final reports whether f needs nothing more than its settlement.
 func (f fate) final() bool { return f == fateAck || f == fateCopied || f == fateRefused }
 
-// slot is one delivery in hand.
+// slot is one delivery in hand: what the core knows of it. The worker
+// keeps the delivery itself, its span and its start by Tag.
 type slot struct {
 	Tag   uint64
 	Event Event // decoded, unless Err says why it could not be
@@ -77,13 +79,9 @@ type slot struct {
 	Err   error
 	// Duplicate and Outbox are what applying it did.
 	Duplicate, Outbox bool
-	Retries           int // failed attempts of the environment it was part of
-	Panics            int // attempts of it alone that panicked
-
-	// The worker's, which the core never reads.
-	d     amqp.Delivery
-	span  trace.Span
-	start time.Time
+	Retries           int  // failed attempts of the environment it was part of
+	Panics            int  // attempts of it alone that panicked
+	Park              bool // fateLetter: park it in the database rather than copy it
 }
 
 // cmdKind is a kind of command the core gives the worker.
@@ -92,37 +90,53 @@ type cmdKind int
 const (
 	cmdNone   cmdKind = iota // nothing to do until something happens
 	cmdApply                 // apply Slots' events in one transaction, once; then applied
-	cmdCopy                  // publish the dead-letter copy of Slots[0] (or park it); then copied
+	cmdCopy                  // publish the dead-letter copy of Slots[0] and await its confirm; then copied
+	cmdPark                  // park the dead letter of Slots[0] in the database; then copied
 	cmdWait                  // wait the backoff of retry Attempt (or the batch linger); then tick
-	cmdAck                   // ack Tag, Multiple: it settles Slots
-	cmdReject                // reject Slots[0] without requeue: the queue dead-letters it
-	cmdClose                 // close the channel, which returns Slots in order
+	cmdAck                   // ack Tag, Multiple: it settles Settled
+	cmdReject                // reject Tag without requeue (the queue dead-letters it): it settles Settled
+	cmdClose                 // close the channel, which returns Settled in order
 	cmdDone                  // the worker is finished
 )
 
-var cmdNames = [...]string{"none", "apply", "copy", "wait", "ack", "reject", "close", "done"}
+var cmdNames = [...]string{"none", "apply", "copy", "park", "wait", "ack", "reject", "close", "done"}
 
 func (k cmdKind) String() string { return cmdNames[k] }
 
 // command is what the worker is to do next.
 type command struct {
 	Kind     cmdKind
-	Slots    []*slot
+	Slots    []*slot // cmdApply, cmdCopy, cmdPark
+	Settled  []settlement
 	Tag      uint64
 	Multiple bool
 	Attempt  int  // cmdWait: the 0-based retry whose backoff to wait
 	Linger   bool // cmdWait: wait for more deliveries instead
 }
 
-// copyResult is what became of a dead letter's copy.
-type copyResult int
+// settlement is the decision about one delivery that a command settles.
+type settlement struct {
+	Slot   *slot
+	Action Action
+	Class  Class // "" when acked after its commit
+	Err    error // why it is not simply acked; nil when it is
+}
+
+// copyFact is what became of a dead letter's copy, or of its parking.
+type copyFact int
 
 const (
-	copied      copyResult = iota // confirmed by the broker, or parked in the database
-	copyRefused                   // nacked, unroutable, or the publish failed: reject the original without requeue
-	copyCut                       // the session ended first: return the original
-	copyFailed                    // neither published nor parked, for the environment's reasons: try again after a backoff
+	factConfirmed  copyFact = iota // the broker confirmed the copy
+	factRefused                    // nacked, unroutable, refused, or the publish failed
+	factAlarm                      // a broker alarm blocks publishing: not sent, or its confirm cut by the alarm
+	factEnded                      // the session ended before the confirm
+	factParked                     // parked in the database
+	factParkFailed                 // the database could not park it
 )
+
+var factNames = [...]string{"confirmed", "refused", "alarm", "ended", "parked", "park failed"}
+
+func (f copyFact) String() string { return factNames[f] }
 
 // core decides what happens to the deliveries of one queue's consumer.
 type core struct {
@@ -133,7 +147,7 @@ type core struct {
 	blame bool
 
 	slots []*slot // in hand, in delivery order
-	busy  cmdKind // cmdApply, cmdCopy or cmdWait under way; else cmdNone
+	busy  cmdKind // cmdApply, cmdCopy, cmdPark or cmdWait under way; else cmdNone
 
 	size     int   // the most events the next attempt takes
 	span     int   // pending slots, from the first, known to hold one that fails alone
@@ -143,6 +157,7 @@ type core struct {
 	lingered bool  // the linger of the batch being gathered has passed
 
 	ending    bool // the session ended or the broker cancelled the consumer
+	cancelled bool // the broker cancelled the consumer: nothing more is settled
 	done      bool
 	closedErr bool // the channel closed under us: the broker has everything back
 }
@@ -159,11 +174,11 @@ func maxInt(a, b int) int {
 	return b
 }
 
-// deliver takes a delivery in hand: ev decoded, or err saying why it could
-// not be (poison, or a panic while decoding, as class).
+// deliver takes a delivery in hand: its event decoded, or Err saying why
+// it could not be (poison, or a panic while decoding, as Class).
 func (c *core) deliver(s *slot) {
 	s.Fate = fatePending
-	if s.Err != nil { // poison, or a panic while decoding (see work)
+	if s.Err != nil {
 		s.Fate = fateLetter
 	}
 	c.slots = append(c.slots, s)
@@ -213,15 +228,26 @@ func (c *core) applied(outs []Outcome, err error, class Class) {
 	for _, s := range tried {
 		s.Fate = fatePending
 	}
-	switch {
-	case n > 1 && (causedByMessage(class) || class == ClassPanic):
-		c.span = n // the one to blame is among them: try the first half
-		return
-	case causedByMessage(class):
+	switch decide(class) {
+	case ActionDeadLetter:
+		if n > 1 {
+			c.span = n // the one to blame is among them: try the first half
+			return
+		}
 		tried[0].Fate, tried[0].Err, tried[0].Class = fateLetter, err, class
 		c.span = 0
 		return
-	case class == ClassPanic:
+	case ActionRequeue: // the service is stopping: back to the queue, in order
+		for _, s := range tried {
+			s.Fate, s.Err, s.Class = fateReturn, err, class
+		}
+		return
+	}
+	if class == ClassPanic {
+		if n > 1 {
+			c.span = n // split, like the message's own fault
+			return
+		}
 		s := tried[0]
 		s.Panics++
 		if s.Panics >= panicLimit && c.blame {
@@ -242,8 +268,8 @@ func (c *core) applied(outs []Outcome, err error, class Class) {
 	}
 }
 
-// copied takes what became of the dead-letter copy under way.
-func (c *core) copied(r copyResult, err error) {
+// copied takes what became of the dead letter's copy or parking under way.
+func (c *core) copied(f copyFact, err error) {
 	c.busy = cmdNone
 	var s *slot
 	for _, x := range c.slots {
@@ -255,18 +281,25 @@ func (c *core) copied(r copyResult, err error) {
 	if s == nil {
 		return
 	}
-	switch r {
-	case copied:
-		s.Fate = fateCopied
+	switch f {
+	case factConfirmed, factParked:
+		s.Fate, s.Park = fateCopied, false
 		c.failures, c.lastErr, c.backoff = 0, nil, false
 		if s.Class == ClassPanic {
 			c.blame = false
 		}
-	case copyRefused:
+	case factRefused:
 		s.Fate = fateRefused
-	case copyCut:
+	case factAlarm:
+		if c.ending {
+			s.Fate = fateReturn // nothing new is done once the session ends
+		} else {
+			s.Park = true
+		}
+	case factEnded:
 		s.Fate = fateReturn
-	case copyFailed:
+	case factParkFailed:
+		s.Park = false // the alarm may have passed by the next attempt
 		c.failures++
 		c.lastErr = err
 		c.backoff = true
@@ -286,8 +319,8 @@ func (c *core) tick() {
 	}
 }
 
-// end: the session ended (shutdown, or a failure elsewhere), or the broker
-// cancelled the consumer. Nothing new is applied; a wait under way stops.
+// end: the session ended (shutdown, or a failure elsewhere). Nothing new
+// is applied; a wait under way stops.
 func (c *core) end() {
 	c.ending = true
 	if c.busy == cmdWait {
@@ -295,18 +328,16 @@ func (c *core) end() {
 	}
 }
 
-// cancelled: the broker cancelled the consumer (from 4.3 its consumer
-// timeout does so, and has already returned what the consumer held, so an
-// ack would no longer remove anything). Nothing more is settled or applied:
-// the channel is closed, which returns whatever the broker still counts as
-// held, in order; what had committed comes back as duplicates.
-func (c *core) cancelled() {
+// cancel: the broker cancelled the consumer (from 4.3 its consumer timeout
+// does so, and has already returned what the consumer held). Nothing more
+// is settled or applied, not even what commits after the cancel: on 4.3 a
+// late ack would make this consumer the queue's active one again, unknown
+// to the client. The channel is closed, which returns whatever the broker
+// still counts as held, in order; what had committed comes back as
+// duplicates.
+func (c *core) cancel() {
 	c.end()
-	for _, s := range c.slots {
-		if s.Fate != fateApplying {
-			s.Fate = fateReturn
-		}
-	}
+	c.cancelled = true
 }
 
 // channelClosed: the channel is gone, and with it everything in hand: the
@@ -316,136 +347,4 @@ func (c *core) channelClosed() {
 	c.ending = true
 	c.busy = cmdNone
 	c.slots = nil
-}
-
-// next returns the one command to carry out now: cmdNone while a command
-// under way has not reported back or nothing is to be done until a
-// delivery arrives.
-func (c *core) next() command {
-	if c.done {
-		return command{Kind: cmdDone}
-	}
-	if c.busy != cmdNone {
-		return command{}
-	}
-	// r: the first delivery that goes back; everything behind it goes
-	// back with it, and only what is before it is worked on.
-	r := len(c.slots)
-	for i, s := range c.slots {
-		if s.Fate == fateReturn || (c.ending && !s.Fate.final()) {
-			r = i
-			break
-		}
-	}
-	if cmd, ok := c.settle(r); ok {
-		return cmd
-	}
-	head := c.slots[:r]
-	if cmd, ok := c.work(head, r == len(c.slots)); ok {
-		return cmd
-	}
-	switch {
-	case r == 0 && len(c.slots) > 0:
-		return c.giveBack()
-	case c.ending:
-		c.done = true
-		if c.closedErr {
-			return command{Kind: cmdDone}
-		}
-		// Deliveries may be on their way: closing returns them.
-		return command{Kind: cmdClose}
-	}
-	return command{}
-}
-
-// work returns the next command for head, the slots before any that goes
-// back: copy a dead letter, wait a backoff, or apply what is pending (after
-// the linger, when all has arrived and more may come).
-func (c *core) work(head []*slot, mayLinger bool) (command, bool) {
-	if c.ending {
-		return command{}, false
-	}
-	var pending []*slot
-	var letter *slot
-	for _, s := range head {
-		switch s.Fate {
-		case fatePending:
-			pending = append(pending, s)
-		case fateLetter:
-			if letter == nil {
-				letter = s
-			}
-		}
-	}
-	if letter == nil && len(pending) == 0 {
-		return command{}, false
-	}
-	if letter != nil && letter.Class == ClassPanic && letter.Panics == 0 && !c.blame {
-		// Decoding it panicked, right after another panic's dead letter:
-		// the service is broken, not the message. It waits in place.
-		if !c.backoff {
-			c.failures++
-			c.lastErr = letter.Err
-		}
-		c.backoff = true
-		letter.Panics = -1 // counted once
-	}
-	if c.backoff {
-		c.busy = cmdWait
-		return command{Kind: cmdWait, Attempt: c.failures - 1}, true
-	}
-	if letter != nil {
-		c.busy = cmdCopy
-		return command{Kind: cmdCopy, Slots: []*slot{letter}}, true
-	}
-	n := min(c.max, c.size, len(pending))
-	if c.span > 0 {
-		n = min(n, maxInt(1, c.span/2))
-	}
-	if mayLinger && c.linger && !c.lingered && c.span == 0 && c.failures == 0 && len(pending) < c.max {
-		c.busy = cmdWait
-		return command{Kind: cmdWait, Linger: true}, true
-	}
-	c.lingered = false
-	for _, s := range pending[:n] {
-		s.Fate = fateApplying
-	}
-	c.busy = cmdApply
-	return command{Kind: cmdApply, Slots: pending[:n]}, true
-}
-
-// settle returns the command that settles the final slots among the first
-// upto, if any: the reject of a refused one first, so that no multiple ack
-// covers it; then one ack, multiple when it covers several, naming the
-// last of them. It settles only a run of final slots from the first.
-func (c *core) settle(upto int) (command, bool) {
-	k := 0
-	for k < upto && c.slots[k].Fate.final() {
-		k++
-	}
-	if k == 0 {
-		return command{}, false
-	}
-	for i, s := range c.slots[:k] {
-		if s.Fate == fateRefused {
-			c.slots = append(c.slots[:i:i], c.slots[i+1:]...)
-			return command{Kind: cmdReject, Slots: []*slot{s}}, true
-		}
-	}
-	settled := c.slots[:k:k]
-	c.slots = c.slots[k:]
-	last := settled[k-1]
-	return command{Kind: cmdAck, Tag: last.Tag, Multiple: k > 1, Slots: settled}, true
-}
-
-// giveBack returns every slot in hand by closing the channel, which
-// returns them together, in order, before the queue's next consumer gets
-// anything; the worker then ends.
-func (c *core) giveBack() command {
-	for _, s := range c.slots {
-		s.Fate = fateReturn
-	}
-	cmd := command{Kind: cmdClose, Slots: c.slots}
-	c.slots, c.done = nil, true
-	return cmd
 }

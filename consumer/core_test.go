@@ -21,6 +21,11 @@ func drive(c *core, result func(tags []uint64) ([]Outcome, error, Class)) []stri
 		for _, s := range cmd.Slots {
 			tags = append(tags, s.Tag)
 		}
+		for _, st := range cmd.Settled {
+			if cmd.Kind != cmdAck {
+				tags = append(tags, st.Slot.Tag)
+			}
+		}
 		switch cmd.Kind {
 		case cmdNone, cmdDone:
 			return append(log, cmd.Kind.String())
@@ -30,7 +35,7 @@ func drive(c *core, result func(tags []uint64) ([]Outcome, error, Class)) []stri
 			c.applied(outs, err, class)
 		case cmdCopy:
 			log = append(log, fmt.Sprintf("copy %v", tags))
-			c.copied(copied, nil)
+			c.copied(factConfirmed, nil)
 		case cmdWait:
 			log = append(log, "wait")
 			c.tick()
@@ -150,7 +155,7 @@ func TestCoreRejectsARefusedCopyBeforeTheAck(t *testing.T) {
 		got = append(got, cmd.Kind.String())
 		switch cmd.Kind {
 		case cmdCopy:
-			c.copied(copyRefused, errors.New("nacked"))
+			c.copied(factRefused, errors.New("nacked"))
 		case cmdApply:
 			c.applied(make([]Outcome, len(cmd.Slots)), nil, "")
 		case cmdAck:
@@ -161,5 +166,83 @@ func TestCoreRejectsARefusedCopyBeforeTheAck(t *testing.T) {
 	}
 	if want := "copy reject apply ack"; strings.Join(got, " ") != want {
 		t.Errorf("commands %v, want %s", got, want)
+	}
+}
+
+// What becomes of a dead letter's copy decides what the core does next:
+// the worker only reports it.
+func TestCoreCopyFacts(t *testing.T) {
+	tests := []struct {
+		name  string
+		facts []copyFact // answered to each copy or park, in turn
+		end   bool       // the session ends at the first fact
+		want  string
+	}{
+		{name: "confirmed: acked as a dead letter", facts: []copyFact{factConfirmed},
+			want: "copy [1]; ack 1 dead-letter; none"},
+		{name: "an alarm holds the copy back: parked, then acked", facts: []copyFact{factAlarm, factParked},
+			want: "copy [1]; park [1]; ack 1 dead-letter; none"},
+		{name: "parking fails: waited out, then copied again", facts: []copyFact{factAlarm, factParkFailed, factConfirmed},
+			want: "copy [1]; park [1]; wait; copy [1]; ack 1 dead-letter; none"},
+		{name: "refused: rejected to the queue's own dead-lettering", facts: []copyFact{factRefused},
+			want: "copy [1]; reject 1 dead-letter; none"},
+		{name: "the session ends before the confirm: returned", facts: []copyFact{factEnded}, end: true,
+			want: "copy [1]; close 1 requeue; done"},
+		{name: "an alarm once the session ended: returned, not parked", facts: []copyFact{factAlarm}, end: true,
+			want: "copy [1]; close 1 requeue; done"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newCore(1, false)
+			deliverN(c, 1, 1)
+			var got []string
+			facts := tt.facts
+			for i := 0; i < 20; i++ {
+				cmd := c.next()
+				line := cmd.Kind.String()
+				for _, s := range cmd.Slots {
+					line += fmt.Sprintf(" [%d]", s.Tag)
+				}
+				for _, st := range cmd.Settled {
+					line += fmt.Sprintf(" %d %s", st.Slot.Tag, st.Action)
+				}
+				got = append(got, line)
+				switch cmd.Kind {
+				case cmdCopy, cmdPark:
+					if tt.end {
+						c.end()
+					}
+					c.copied(facts[0], errors.New(facts[0].String()))
+					facts = facts[1:]
+				case cmdWait:
+					c.tick()
+				}
+				if cmd.Kind == cmdNone || cmd.Kind == cmdDone {
+					break
+				}
+			}
+			if s := strings.Join(got, "; "); s != tt.want {
+				t.Errorf("\ngot  %s\nwant %s", s, tt.want)
+			}
+		})
+	}
+}
+
+// A consumer the broker cancelled settles nothing more, not even what
+// commits after the cancel: everything goes back by the close.
+func TestCoreSettlesNothingAfterTheBrokersCancel(t *testing.T) {
+	c := newCore(50, false)
+	deliverN(c, 3)
+	if cmd := c.next(); cmd.Kind != cmdApply {
+		t.Fatalf("first command %v, want apply", cmd.Kind)
+	}
+	c.cancel()
+	c.applied(make([]Outcome, 3), nil, "")
+	cmd := c.next()
+	if cmd.Kind != cmdClose || len(cmd.Settled) != 3 {
+		t.Fatalf("after the cancel: %v settling %d, want close returning all 3", cmd.Kind, len(cmd.Settled))
+	}
+	if next := c.next(); next.Kind != cmdDone {
+		t.Errorf("then %v, want done", next.Kind)
 	}
 }

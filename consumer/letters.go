@@ -19,8 +19,8 @@ import (
 // connection that publishes: were the copies sent on the consuming
 // connection, one poison message would stall the acks of every queue, just
 // when draining would relieve the broker. On a connection of their own,
-// only the worker holding a dead letter waits for the alarm to pass; every
-// other queue goes on.
+// the alarm holds back the dead letters only, and those the worker parks in
+// the database instead (adr/0002): every queue goes on.
 type letters struct {
 	urls  func() ([]string, error) // the broker's nodes, asked at each dial (Config.urls)
 	first int                      // the node to try first: the consuming connection's
@@ -132,32 +132,122 @@ func (p *letters) connection() (*amqp.Connection, error) {
 }
 
 // letterChannel is one goroutine's channel on the dead-letter connection,
-// opened at its first dead letter and again after it closed.
+// opened at its first dead letter and again after it closed. It is the
+// worker's letterPort; parks says whether an alarm ends the wait for a
+// confirm (the applier can park the letter instead).
 type letterChannel struct {
 	letters *letters
+	parks   bool
 	ch      *amqp.Channel
 	returns <-chan amqp.Return
 	closes  <-chan *amqp.Error // the broker's reason, should it close the channel
 }
 
-// abandon forgets the channel, whose publish is left unconfirmed: the next
-// publish opens another, so that a late confirm or return of the abandoned
-// one is never taken for its own.
-func (c *letterChannel) abandon() { c.ch, c.returns, c.closes = nil, nil, nil }
+// alarmed reports whether a broker alarm blocks publishing now.
+func (c *letterChannel) alarmed() bool {
+	return c.parks && isClosed(c.letters.alarmOn())
+}
+
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
 
 // publish publishes msg and returns nil only once the broker confirmed it
-// (dlq.PublishConfirmed), waiting as long as ctx lasts. When the broker
-// refuses it because the user may not write to the exchange, it closes the
-// channel: the error is then a *dlq.Refused, which names the permission to
-// grant, not the nack the library makes of it.
+// (and did not return it as unroutable), waiting as long as ctx lasts.
+// When the broker refuses it because the user may not write to the
+// exchange, it closes the channel: the error is then a *dlq.Refused, which
+// names the permission to grant, not the nack the library makes of it.
+//
+// When parks, an alarm that starts while the confirm is awaited ends the
+// wait with an *alarmCut: the channel is left to that publish, whose
+// answer the error carries, so that the letter parked instead is held back
+// from the drain until it comes, and dropped should it be a confirm.
 func (c *letterChannel) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
 	if c.ch == nil || c.ch.IsClosed() {
-		var err error
-		if c.ch, c.returns, c.closes, err = c.letters.channel(ctx); err != nil {
+		if err := c.open(ctx); err != nil {
 			return err
 		}
 	}
-	return dlq.Explain(dlq.PublishConfirmed(ctx, c.ch, c.returns, exchange, key, msg), c.closes, exchange)
+	if !c.parks {
+		return dlq.Explain(dlq.PublishConfirmed(ctx, c.ch, c.returns, exchange, key, msg), c.closes, exchange)
+	}
+	dc, err := c.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key,
+		true,  // mandatory: an unroutable message comes back instead of vanishing
+		false, // immediate
+		msg)
+	if err != nil {
+		return dlq.Explain(err, c.closes, exchange)
+	}
+	ch, returns, closes := c.ch, c.returns, c.closes
+	result := make(chan error, 1)
+	go func() { // ends when the broker answers or the channel closes
+		acked := dc.Wait()
+		result <- confirmed(ch, returns, closes, acked, exchange, key)
+	}()
+	select {
+	case err := <-result:
+		return err
+	case <-c.letters.alarmOn():
+		c.ch, c.returns, c.closes = nil, nil, nil // the next publish opens another
+		return &alarmCut{answer: result}
+	case <-ctx.Done():
+		c.ch, c.returns, c.closes = nil, nil, nil
+		go func() { <-result; _ = ch.Close() }()
+		return context.Cause(ctx)
+	}
+}
+
+// open opens the channel. A blocked connection answers no channel.open
+// until the alarm passes: when parks, the alarm ends the wait, with
+// errAlarmCut (nothing was published).
+func (c *letterChannel) open(ctx context.Context) error {
+	if c.parks {
+		octx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		go func() { // ends with octx at the latest
+			select {
+			case <-c.letters.alarmOn():
+				cancel()
+			case <-octx.Done():
+			}
+		}()
+		var err error
+		if c.ch, c.returns, c.closes, err = c.letters.channel(octx); err != nil {
+			if ctx.Err() == nil && isClosed(c.letters.alarmOn()) {
+				return fmt.Errorf("%w: %w", errAlarmCut, err)
+			}
+			return err
+		}
+		return nil
+	}
+	var err error
+	c.ch, c.returns, c.closes, err = c.letters.channel(ctx)
+	return err
+}
+
+// confirmed is what the broker's answer to a publish means: nil when it
+// confirmed it and did not return it.
+func confirmed(ch *amqp.Channel, returns <-chan amqp.Return, closes <-chan *amqp.Error, acked bool, exchange, key string) error {
+	select {
+	case r, ok := <-returns:
+		if !ok {
+			return dlq.Explain(dlq.ErrChannelClosed, closes, exchange)
+		}
+		return fmt.Errorf("unroutable on exchange %q with key %q: %d %s", exchange, key, r.ReplyCode, r.ReplyText)
+	default:
+	}
+	if !acked {
+		if ch.IsClosed() {
+			return dlq.Explain(dlq.ErrChannelClosed, closes, exchange)
+		}
+		return errors.New("broker nacked the message")
+	}
+	return nil
 }
 
 // watch follows the broker's connection.blocked and unblocked until the

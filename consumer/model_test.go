@@ -10,17 +10,27 @@ import (
 	"testing"
 )
 
-// The core (core.go) against a model of a quorum queue and of the
-// database, through random schedules: several replicas, BATCH_MAX from 1 to
-// 50, and session ends, crashes, panics, alarms, consumer timeouts and
-// database outages anywhere. After every step the invariants hold:
+// The real worker (worker.go, with its core, core.go) against a model of a
+// quorum queue and of the database, through random schedules: several
+// replicas, BATCH_MAX from 1 to 50, and session ends, crashes, panics,
+// alarms, consumer timeouts and database outages anywhere, also while a
+// dead letter's copy awaits its confirm. The worker runs through its ports
+// (ports.go): fakes whose behaviour the models decide, one step at a time,
+// on this goroutine (model_ports_test.go). After every step the
+// invariants hold:
 //
 //   - nothing is acked unless it was applied, or dead-lettered with its
-//     copy confirmed;
-//   - nothing is applied twice;
+//     copy confirmed or parked;
+//   - nothing is applied twice, and each account's balance is the sum of
+//     the events applied to it, each once, even when a COMMIT's answer is
+//     lost;
 //   - each account's events are applied in publish order;
-//   - nothing reaches the DLQ that the message did not cause;
-//   - a worker whose session ended applies nothing more and ends.
+//   - nothing reaches the DLQ that the message did not cause, but for one
+//     letter per worker when a bug makes every message panic;
+//   - at most one letter reaches the DLQ per delivery;
+//   - a worker whose session ended applies nothing more and ends; one the
+//     broker cancelled settles nothing more and closes its channel;
+//   - at most one consumer holds messages of the queue;
 //
 // and once the environment heals, every event is applied or
 // dead-lettered. Each rule of the broker model is a claim about RabbitMQ,
@@ -40,31 +50,38 @@ const (
 
 func (v version) String() string { return [...]string{"3.10", "4.0", "4.3"}[v] }
 
+// defaultDeliveryLimit is DELIVERY_LIMIT's default (config.go): the model
+// runs with the limit the service is deployed with.
+const defaultDeliveryLimit = 10
+
 type kind int
 
 const (
-	valid    kind = iota
-	poison        // undecodable: dead-lettered at once
-	rejected      // the database refuses it, alone or in a batch
-	conflict      // a producer conflict: that event's own outcome
-	panicky       // its apply panics, every time: the delivery limit ends it
-	flaky         // its apply panics once, then passes
+	valid      kind = iota
+	poison          // undecodable: dead-lettered at once
+	rejected        // the database refuses it, alone or in a batch (data-rejected)
+	transition      // the database finds it contradicts its transfer (invalid-transition)
+	conflict        // a producer conflict: that event's own outcome
+	panicky         // its apply panics, every time
+	flaky           // its apply panics once, then passes
 )
 
 func (k kind) String() string {
-	return [...]string{"valid", "poison", "rejected", "conflict", "panicky", "flaky"}[k]
+	return [...]string{"valid", "poison", "rejected", "transition", "conflict", "panicky", "flaky"}[k]
 }
 
 func (k kind) causedByMessage() bool {
-	return k == poison || k == rejected || k == conflict || k == panicky
+	return k == poison || k == rejected || k == transition || k == conflict || k == panicky
 }
 
 type mmsg struct {
 	seq     int
-	id      string
+	id      string // the eventId, a UUID
 	account int
+	amount  int64
 	kind    kind
-	returns int // counted returns: x-delivery-count
+	returns int  // counted returns: x-delivery-count
+	bugged  bool // dead-lettered by a bug that panicked on every message (allowed once per worker)
 }
 
 // mconsumer is one consumer on one channel.
@@ -73,8 +90,11 @@ type mconsumer struct {
 	prefetch  int
 	nextTag   uint64
 	held      map[uint64]*mmsg // delivered, unsettled
+	keys      map[uint64]int   // the delivery of each tag (x-model-delivery)
 	buffer    []uint64         // delivered, not yet taken by the worker
 	cancelled bool             // by itself or by the broker: gets nothing new
+	byBroker  bool             // the broker cancelled it (4.3's consumer timeout)
+	forgotten bool             // 4.3: active again after a late ack, unknown to the client
 	closed    bool
 }
 
@@ -92,10 +112,25 @@ type broker struct {
 	consumers []*mconsumer // in the order they came
 	current   *mconsumer   // the single active consumer
 	r         *rand.Rand
-	dlq       map[string]int
+	dlq       map[string]int // letters by event id
+	perKey    map[int]int    // letters by delivery
+	mayTwice  map[int]bool   // deliveries whose letter may be there twice (a publish cut short, then the process or session gone)
+	bugByGen  map[int]int    // letters of innocent messages by worker, while a bug panicked on every message
+	deliveryN int
+	rejecter  *replica // whose reject is being settled
 	alarm     bool
+	inflight  []*publishing // dead-letter publishes an alarm cut short, routed once it passes
 	db        *mdb
 	logf      func(format string, args ...any)
+}
+
+// publishing is a dead letter's publish awaiting the broker.
+type publishing struct {
+	m      *mmsg
+	key    int
+	class  string
+	gen    int
+	answer chan error
 }
 
 // active returns the single active consumer. It stays active until it is
@@ -141,12 +176,30 @@ func (b *broker) deliver() bool {
 			return gave
 		}
 		c.nextTag++
-		b.logf("broker delivers %d to r%d (tag %d)", m.seq, c.rep.id, c.nextTag)
+		b.deliveryN++
+		b.logf("broker delivers %d to r%d (tag %d, delivery %d)", m.seq, c.rep.id, c.nextTag, b.deliveryN)
 		c.held[c.nextTag] = m
-		c.buffer = append(c.buffer, c.nextTag)
+		c.keys[c.nextTag] = b.deliveryN
+		if !c.forgotten {
+			c.buffer = append(c.buffer, c.nextTag)
+		}
 		gave = true
 	}
+	b.holders()
 	return gave
+}
+
+// holders checks that at most one consumer holds messages of the queue.
+func (b *broker) holders() {
+	n := 0
+	for _, c := range b.consumers {
+		if !c.closed && len(c.held) > 0 {
+			n++
+		}
+	}
+	if n > 1 {
+		b.t.Fatalf("%d consumers hold messages of one queue (single active consumer broken)", n)
+	}
 }
 
 // giveBack returns m to the head of the queue, behind what was returned
@@ -156,18 +209,71 @@ func (b *broker) giveBack(m *mmsg, counted bool) {
 	if counted {
 		m.returns++
 		if m.returns > b.limit {
-			b.deadLetter(m, "delivery_limit")
+			b.letter(m, 0, "delivery_limit")
 			return
 		}
 	}
 	b.returns = append(b.returns, m)
 }
 
-func (b *broker) deadLetter(m *mmsg, why string) {
-	if !m.kind.causedByMessage() {
-		b.t.Fatalf("event %d (%v) dead-lettered (%s) though the message did not cause it", m.seq, m.kind, why)
+// letter puts a letter of m in the DLQ: of delivery key (0: none, the
+// broker's delivery limit), with class.
+func (b *broker) letter(m *mmsg, key int, class string) {
+	b.logf("DLQ gets a letter of %d (delivery %d, %s)", m.seq, key, class)
+	if !m.kind.causedByMessage() && !m.bugged {
+		b.t.Fatalf("event %d (%v) dead-lettered (%s) though the message did not cause it", m.seq, m.kind, class)
 	}
 	b.dlq[m.id]++
+	if key != 0 {
+		b.perKey[key]++
+		if n := b.perKey[key]; n > 2 || (n > 1 && !b.mayTwice[key]) {
+			b.t.Fatalf("event %d: delivery %d left %d letters in the DLQ", m.seq, key, n)
+		}
+	}
+}
+
+// blame: worker gen decided to dead-letter m as class. A bug that panics
+// on every message may make it blame one of them per worker, never more.
+func (b *broker) blame(m *mmsg, class string, gen int) {
+	if m.kind.causedByMessage() || m.bugged {
+		return
+	}
+	if class != string(ClassPanic) || !b.db.bugSeen || b.bugByGen[gen] > 0 {
+		b.t.Fatalf("event %d (%v) dead-lettered (%s) though the message did not cause it", m.seq, m.kind, class)
+	}
+	b.bugByGen[gen]++
+	m.bugged = true
+}
+
+// route ends the alarm's hold on the dead-letter publishes it cut short:
+// each is routed and confirmed.
+func (b *broker) route() {
+	for _, p := range b.inflight {
+		b.letter(p.m, p.key, p.class)
+		p.answer <- nil
+	}
+	b.inflight = nil
+	b.db.answered() // as the parker's hold learns it
+}
+
+// drop ends the publishes of worker gen still unanswered: its connection is
+// gone. Each may or may not have been routed; the answer is a closed
+// channel, and the letter parked instead may go out too.
+func (b *broker) drop(gen int) {
+	var keep []*publishing
+	for _, p := range b.inflight {
+		if p.gen != gen {
+			keep = append(keep, p)
+			continue
+		}
+		b.mayTwice[p.key] = true
+		if b.r.IntN(2) == 0 {
+			b.letter(p.m, p.key, p.class)
+		}
+		p.answer <- errors.New("channel closed")
+	}
+	b.inflight = keep
+	b.db.answered()
 }
 
 // settle acks or returns tag (and with multiple everything below it).
@@ -175,8 +281,16 @@ func (b *broker) settle(c *mconsumer, tag uint64, multiple, ack bool, requeue, c
 	if c.closed {
 		return errors.New("channel closed")
 	}
-	if _, ok := c.held[tag]; !ok && c.cancelled && b.ver == v43 {
-		return nil // returned by the timeout already: accepted, and nothing happens
+	if _, ok := c.held[tag]; !ok && c.byBroker && b.ver == v43 {
+		// Returned by the timeout already: accepted, and it changes
+		// nothing for the message; but the cancelled consumer becomes
+		// the active one again when no other is, unknown to the client
+		// (conformance_test.go, TestBrokerRuleConsumerTimeoutWithNoOtherConsumer).
+		if c.cancelled && (b.active() == nil) {
+			b.logf("r%d's late settle makes its cancelled consumer active again", c.rep.id)
+			c.cancelled, c.forgotten = false, true
+		}
+		return nil
 	}
 	if _, ok := c.held[tag]; !ok {
 		// An unknown delivery tag: the broker closes the channel (406).
@@ -198,13 +312,17 @@ func (b *broker) settle(c *mconsumer, tag uint64, multiple, ack bool, requeue, c
 		delete(c.held, t)
 		switch {
 		case ack:
-			if b.db.applied[m.id] == 0 && b.dlq[m.id] == 0 {
+			if b.db.effects[m.id] == 0 && b.dlq[m.id] == 0 && !b.db.parkedFor(m.id) {
 				b.t.Fatalf("event %d (%v) acked though neither applied nor dead-lettered", m.seq, m.kind)
 			}
 		case requeue:
 			b.giveBack(m, counted)
-		default:
-			b.deadLetter(m, "rejected")
+		default: // the queue's own dead-lettering, for the class of the copy refused
+			class := "rejected"
+			if rp := b.rejecter; rp != nil && rp.nacked[c.keys[t]] != "" {
+				class = rp.nacked[c.keys[t]]
+			}
+			b.letter(m, c.keys[t], class)
 		}
 	}
 	return nil
@@ -246,7 +364,7 @@ func (b *broker) returnHeld(c *mconsumer, counted bool) {
 // up to 4.2 the channel is closed, and the returns count; from 4.3 the
 // consumer is cancelled and what it held is returned at once, uncounted,
 // while the channel stays open, and a late ack of one of those tags is
-// accepted and does nothing.
+// accepted and does nothing (but see settle).
 func (b *broker) timeout() bool {
 	c := b.active()
 	if c == nil || len(c.held) == 0 {
@@ -257,228 +375,12 @@ func (b *broker) timeout() bool {
 		c.rep.channelGone = true
 		return true
 	}
-	c.cancelled = true
+	c.cancelled, c.byBroker = true, true
 	b.returnHeld(c, false)
-	c.rep.cancelNotice = true
-	return true
-}
-
-// mdb is the database: the inbox and each account's applied events.
-type mdb struct {
-	t        fataler
-	down     bool
-	slowOver int // attempts of more events than this time out; 0: none do
-	applied  map[string]int
-	last     map[int]int // account -> seq of the last event applied
-	panicked map[string]bool
-	byID     map[string]*mmsg
-}
-
-func (d *mdb) apply(evs []Event) ([]Outcome, error, Class) {
-	if d.down {
-		return nil, Transient(errors.New("database down")), ClassTransient
-	}
-	if d.slowOver > 0 && len(evs) > d.slowOver {
-		return nil, Transient(errors.New("canceling statement due to statement timeout")), ClassTransient
-	}
-	for _, ev := range evs {
-		m := d.byID[ev.ID]
-		if m.kind == panicky || (m.kind == flaky && !d.panicked[m.id]) {
-			d.panicked[m.id] = true
-			return nil, &classified{class: ClassPanic, err: errors.New("panic: boom")}, ClassPanic
-		}
-		if m.kind == rejected {
-			return nil, Rejected(errors.New("value out of range")), ClassRejected
-		}
-	}
-	outs := make([]Outcome, len(evs))
-	for i, ev := range evs {
-		m := d.byID[ev.ID]
-		if m.kind == conflict {
-			outs[i].Err = Conflict(errors.New("same eventId, other content"))
-			continue
-		}
-		if d.applied[m.id] > 0 {
-			outs[i].Duplicate = true
-			continue
-		}
-		if last, ok := d.last[m.account]; ok && last > m.seq {
-			d.t.Fatalf("account %d: event %d applied after event %d", m.account, m.seq, last)
-		}
-		d.applied[m.id]++
-		d.last[m.account] = m.seq
-	}
-	return outs, nil, ""
-}
-
-// replica is one instance of the service, consuming the queue: the core
-// and a model of its worker.
-type replica struct {
-	id           int
-	core         *core
-	cons         *mconsumer
-	running      bool // a session is up
-	stopped      bool // shut down for good (until restarted)
-	waiting      bool // the core waits for a tick
-	copying      *slot
-	stalled      int  // steps it could not make because a copy waits for an alarm
-	channelGone  bool // the broker closed the channel
-	cancelNotice bool // the broker cancelled the consumer
-	ended        bool // its session was told to end
-	sinceEnd     int  // commands carried out since
-}
-
-type sim struct {
-	t        fataler
-	r        *rand.Rand
-	b        *broker
-	db       *mdb
-	reps     []*replica
-	batchMax int
-	linger   bool
-	refusals int // one copy in refusals is refused, about
-	trace    []string
-}
-
-func (s *sim) logf(format string, args ...any) {
-	s.trace = append(s.trace, fmt.Sprintf(format, args...))
-}
-
-func (s *sim) start(rp *replica) {
-	rp.core = newCore(s.batchMax, s.linger)
-	rp.running, rp.stopped, rp.ended, rp.sinceEnd = true, false, false, 0
-	rp.waiting, rp.copying, rp.channelGone, rp.cancelNotice = false, nil, false, false
-	s.consume(rp, rp.core.max)
-}
-
-func (s *sim) consume(rp *replica, prefetch int) {
-	rp.cons = &mconsumer{rep: rp, prefetch: prefetch, held: map[uint64]*mmsg{}}
-	s.b.consumers = append(s.b.consumers, rp.cons)
-}
-
-// step carries out one action of rp's worker, if it has one.
-func (s *sim) step(rp *replica) bool {
-	if !rp.running {
-		return false
-	}
-	if rp.channelGone {
-		rp.channelGone = false
-		rp.core.channelClosed()
-	} else if rp.cancelNotice && s.r.IntN(2) == 0 { // the notice arrives when it does
-		rp.cancelNotice = false
-		rp.core.cancelled()
-	}
-	if rp.copying != nil {
-		if s.b.alarm && !s.db.down && !rp.ended && !rp.core.closedErr {
-			defer func() {
-				if rp.copying == nil {
-					rp.stalled = 0
-				} else if rp.stalled++; rp.stalled > 20 {
-					s.t.Fatalf("replica %d: the events behind a dead letter wait for an alarm to pass", rp.id)
-				}
-			}()
-		}
-		switch {
-		case rp.ended || rp.core.closedErr:
-			rp.core.copied(copyCut, errors.New("session ended"))
-		case s.b.alarm:
-			s.park(rp) // the alarm cut the wait for the confirm
-		default:
-			s.b.deadLetter(s.db.byID[rp.copying.Event.ID], "copied")
-			rp.core.copied(copied, nil)
-		}
-		rp.copying = nil
-		return true
-	}
-	cmd := rp.core.next()
-	if rp.ended {
-		rp.sinceEnd++
-		if cmd.Kind == cmdApply {
-			s.t.Fatalf("replica %d applies after its session ended", rp.id)
-		}
-		if rp.sinceEnd > 500 {
-			s.t.Fatalf("replica %d does not end after its session ended", rp.id)
-		}
-	}
-	c := rp.cons
-	switch cmd.Kind {
-	case cmdDone:
-		s.logf("r%d done", rp.id)
-		s.b.closeChannel(c) // the session closes the connection
-		rp.running = false
-		return true
-	case cmdNone:
-		if rp.waiting {
-			return false
-		}
-		if len(c.buffer) == 0 {
-			return false
-		}
-		// The worker takes what has arrived: some of it, or all.
-		n := 1 + s.r.IntN(len(c.buffer))
-		for _, tag := range c.buffer[:n] {
-			m := c.held[tag]
-			if m == nil {
-				continue // returned by a consumer timeout (4.3) before the worker took it
-			}
-			sl := &slot{Tag: tag, Event: Event{ID: m.id}}
-			if m.kind == poison {
-				sl.Err = Poison(errors.New("not JSON"))
-				sl.Class = ClassPoison
-			}
-			s.logf("r%d takes %d (tag %d)", rp.id, m.seq, tag)
-			rp.core.deliver(sl)
-		}
-		c.buffer = c.buffer[n:]
-		return true
-	case cmdWait:
-		rp.waiting = true
-		return true
-	case cmdApply:
-		evs := make([]Event, len(cmd.Slots))
-		for i, sl := range cmd.Slots {
-			evs[i] = sl.Event
-		}
-		outs, err, class := s.db.apply(evs)
-		s.logf("r%d applies %d events from %s: %v", rp.id, len(evs), evs[0].ID, err)
-		rp.core.applied(outs, err, class)
-	case cmdCopy:
-		rp.copying = cmd.Slots[0]
-		switch {
-		case s.b.alarm: // the worker parks it at once
-			s.park(rp)
-			rp.copying = nil
-		case s.r.IntN(s.refusals) == 0:
-			rp.core.copied(copyRefused, errors.New("nacked"))
-			rp.copying = nil
-		}
-	case cmdAck, cmdReject:
-		ack := cmd.Kind == cmdAck
-		tag := cmd.Tag
-		if !ack {
-			tag = cmd.Slots[0].Tag
-		}
-		s.logf("r%d %v tag %d multiple=%v", rp.id, cmd.Kind, tag, cmd.Multiple)
-		if err := s.b.settle(c, tag, cmd.Multiple, ack, false, true); err != nil {
-			rp.core.channelClosed()
-		}
-	case cmdClose:
-		s.logf("r%d closes its channel", rp.id)
-		s.b.closeChannel(c)
+	if !c.forgotten {
+		c.rep.cancelNotice = true
 	}
 	return true
-}
-
-// park parks the letter being copied in the database, where the outbox
-// drain publishes it; it fails while the database is down.
-func (s *sim) park(rp *replica) {
-	if s.db.down {
-		rp.core.copied(copyFailed, errors.New("database down"))
-		return
-	}
-	s.logf("r%d parks the letter of %s", rp.id, rp.copying.Event.ID)
-	s.b.deadLetter(s.db.byID[rp.copying.Event.ID], "parked")
-	rp.core.copied(copied, nil)
 }
 
 // schedule is one random run's shape.
@@ -533,14 +435,16 @@ func (f *fatalT) Fatalf(format string, args ...any) {
 
 func play(ft *fatalT, sc schedule) {
 	r := rand.New(rand.NewPCG(sc.seed, 1))
-	db := &mdb{applied: map[string]int{}, last: map[int]int{}, panicked: map[string]bool{}, byID: map[string]*mmsg{}}
-	b := &broker{ver: sc.ver, limit: 30, dlq: map[string]int{}, db: db}
+	db := newMDB()
+	b := &broker{ver: sc.ver, limit: defaultDeliveryLimit, dlq: map[string]int{}, perKey: map[int]int{},
+		mayTwice: map[int]bool{}, bugByGen: map[int]int{}, db: db}
 	b.r = r
 	s := &sim{r: r, b: b, db: db, batchMax: sc.batchMax, linger: r.IntN(3) == 0}
 	fatal := func(format string, args ...any) { ft.trace = s.trace; ft.Fatalf(format, args...) }
 	b.t = &tShim{fatal}
 	b.logf = s.logf
 	db.t = &tShim{fatal}
+	db.r, db.logf = r.IntN, s.logf
 	s.t = &tShim{fatal}
 	var msgs []*mmsg
 	dirt := []int{40, 40, 10}[r.IntN(3)] // one message in dirt is not valid, about
@@ -558,10 +462,14 @@ func play(ft *fatalT, sc schedule) {
 			k = panicky
 		case x == 4:
 			k = flaky
+		case x == 5:
+			k = transition
 		}
-		m := &mmsg{seq: i, id: "e" + strconv.Itoa(i), account: r.IntN(4), kind: k}
+		m := &mmsg{seq: i, id: fmt.Sprintf("00000000-0000-4000-8000-%012d", i), account: r.IntN(4),
+			amount: 1 + r.Int64N(100), kind: k}
 		msgs = append(msgs, m)
 		db.byID[m.id] = m
+		db.msgs = append(db.msgs, m)
 		b.main = append(b.main, m)
 	}
 	for i := 0; i < sc.replicas; i++ {
@@ -578,11 +486,11 @@ func play(ft *fatalT, sc schedule) {
 		}
 		if !s.progress() {
 			for _, rp := range s.reps {
-				if rp.copying != nil && s.b.alarm && !s.db.down && rp.running && !rp.ended {
-					fatal("replica %d: the queue waits for an alarm to pass behind a dead letter's copy", rp.id)
-				}
 				if rp.running && rp.ended {
 					fatal("replica %d: its session ended, but it waits instead of ending", rp.id)
+				}
+				if rp.running && rp.cancelSeen {
+					fatal("replica %d: the broker cancelled its consumer, but it waits instead of closing", rp.id)
 				}
 			}
 			if disruptions == 0 {
@@ -595,12 +503,17 @@ func play(ft *fatalT, sc schedule) {
 	// The environment heals: every replica that is down starts again. A
 	// database that is slow for large batches may stay so: they must
 	// shrink until they pass.
-	db.down, b.alarm = false, false
+	db.down, db.unknown, db.lostCommits, db.bug = false, false, false, false
+	if b.alarm {
+		b.alarm = false
+		b.route()
+	}
 	if r.IntN(2) == 0 {
 		db.slowOver = 1 + r.IntN(4)
 		s.logf("database slow over %d for good", db.slowOver)
 	}
 	s.logf("the environment heals")
+	s.calm = true
 	for _, rp := range s.reps {
 		if !rp.running {
 			s.logf("r%d: start", rp.id)
@@ -609,19 +522,27 @@ func play(ft *fatalT, sc schedule) {
 	}
 	// A queue held by a panic that was not blamed on its message (the one
 	// before it was) waits for an operator: each round that ends short of
-	// done restarts every replica, as an operator would.
+	// done restarts every replica, as an operator would. So does a replica
+	// whose worker ended (a cancel, a closed channel): the service
+	// reconnects.
 	settled := func() bool {
 		for _, m := range msgs {
-			if db.applied[m.id] == 0 && b.dlq[m.id] == 0 {
+			if db.effects[m.id] == 0 && b.dlq[m.id] == 0 {
 				return false
 			}
 		}
-		return true
+		return len(db.parked) == 0
 	}
 	for round := 0; ; round++ {
 		for steps := 0; steps < 5000 && s.progress(); steps++ {
 		}
-		if settled() && !s.progress() {
+		for _, rp := range s.reps {
+			if !rp.running { // the service reconnects
+				s.logf("r%d: reconnects", rp.id)
+				s.start(rp)
+			}
+		}
+		if settled() && !s.progress() && len(b.main)+len(b.returns) == 0 {
 			break
 		}
 		if round == 30 {
@@ -630,8 +551,7 @@ func play(ft *fatalT, sc schedule) {
 		s.logf("an operator restarts every replica")
 		for _, rp := range s.reps {
 			if rp.running && !rp.ended {
-				rp.ended, rp.waiting = true, false
-				rp.core.end()
+				s.endSession(rp)
 			}
 		}
 		for s.stepAll() {
@@ -642,17 +562,29 @@ func play(ft *fatalT, sc schedule) {
 			}
 		}
 	}
+	balance := map[int]int64{}
 	for _, m := range msgs {
 		switch {
-		case m.kind.causedByMessage():
-			if db.applied[m.id] > 0 {
+		case m.bugged && db.effects[m.id] == 1:
+			// The bug struck after a COMMIT whose answer was lost: the
+			// event was applied, and its letter is a duplicate to replay.
+			balance[m.account] += m.amount
+		case m.kind.causedByMessage() || m.bugged:
+			if db.effects[m.id] > 0 {
 				fatal("event %d (%v) applied", m.seq, m.kind)
 			}
 			if b.dlq[m.id] == 0 {
 				fatal("event %d (%v) neither applied nor dead-lettered", m.seq, m.kind)
 			}
-		case db.applied[m.id] != 1:
-			fatal("event %d applied %d times", m.seq, db.applied[m.id])
+		case db.effects[m.id] != 1:
+			fatal("event %d applied %d times", m.seq, db.effects[m.id])
+		default:
+			balance[m.account] += m.amount
+		}
+	}
+	for a := 0; a < 4; a++ {
+		if db.balance[a] != balance[a] {
+			fatal("account %d: balance %d, want %d (the effects of its events, each once)", a, db.balance[a], balance[a])
 		}
 	}
 	for _, c := range b.consumers {
@@ -660,102 +592,11 @@ func play(ft *fatalT, sc schedule) {
 			fatal("messages still held after quiescence")
 		}
 	}
-	if len(b.main)+len(b.returns) > 0 {
-		fatal("%d messages still queued after quiescence", len(b.main)+len(b.returns))
-	}
 }
 
 type tShim struct{ fatal func(string, ...any) }
 
 func (t *tShim) Fatalf(format string, args ...any) { t.fatal(format, args...) }
-
-// progress makes one random step of delivery or work; false when none is
-// possible. A dead letter's copy may wait for the broker, but never for
-// long while an alarm blocks publishing and the database could keep the
-// letter: the events behind it must not wait for the alarm to pass.
-func (s *sim) progress() bool {
-
-	order := s.r.Perm(len(s.reps) + 2)
-	for _, i := range order {
-		switch {
-		case i == len(s.reps):
-			if s.b.deliver() {
-				return true
-			}
-		case i == len(s.reps)+1:
-			for _, rp := range s.reps {
-				if rp.running && rp.waiting {
-					rp.waiting = false
-					rp.core.tick()
-					return true
-				}
-			}
-		default:
-			if s.step(s.reps[i]) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// stepAll steps every replica once; false when none could.
-func (s *sim) stepAll() bool {
-	any := false
-	for _, rp := range s.reps {
-		if s.step(rp) {
-			any = true
-		}
-	}
-	return any
-}
-
-// disrupt does one thing that the environment or an operator does.
-func (s *sim) disrupt() {
-	rp := s.reps[s.r.IntN(len(s.reps))]
-	switch s.r.IntN(8) {
-	case 0: // SIGTERM: the session ends
-		if rp.running && !rp.ended {
-			s.logf("r%d: SIGTERM", rp.id)
-			rp.ended, rp.waiting = true, false
-			rp.core.end()
-		}
-	case 1: // a crash: the broker returns what it held
-		if rp.running {
-			s.logf("r%d: crash", rp.id)
-			s.b.closeChannel(rp.cons)
-			rp.running = false
-		}
-	case 2: // a replica (re)starts
-		if !rp.running {
-			s.logf("r%d: start", rp.id)
-			s.start(rp)
-		}
-	case 3:
-		s.db.down = !s.db.down
-		s.logf("database down=%v", s.db.down)
-	case 4:
-		s.b.alarm = !s.b.alarm
-		s.logf("alarm=%v", s.b.alarm)
-	case 5:
-		if s.b.timeout() {
-			s.logf("consumer timeout")
-		}
-	case 6:
-		if s.db.slowOver == 0 {
-			s.db.slowOver = 1 + s.r.IntN(4)
-		} else {
-			s.db.slowOver = 0
-		}
-		s.logf("database slow over %d", s.db.slowOver)
-	case 7: // the session ends for a failure elsewhere (another queue)
-		if rp.running && !rp.ended {
-			s.logf("r%d: session ends", rp.id)
-			rp.ended, rp.waiting = true, false
-			rp.core.end()
-		}
-	}
-}
 
 // shrink looks for a smaller schedule that fails too.
 func shrink(sc schedule) (schedule, string, []string) {

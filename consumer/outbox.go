@@ -43,12 +43,20 @@ type OutboxLetter struct {
 	Queue                              string    // where it failed, when known
 	At                                 time.Time // when it failed, when known
 	Parked                             bool      // by a worker, which already logged its decision
+	// Abandoned, when a worker parks a letter whose publish an alarm cut
+	// short, brings that publish's answer (nil: confirmed): the parker
+	// keeps the letter from the drain until it comes, and drops it when it
+	// is a confirm, so that the DLQ does not hold the letter twice.
+	Abandoned <-chan error
 }
 
 // Parker is implemented by an Applier that can keep a dead letter until
 // its outbox drain publishes it. While a broker alarm holds a dead letter's
 // copy back, the worker parks the letter instead and acks the message, so
-// that the valid events behind it on its queue go on (adr/0002).
+// that the valid events behind it on its queue go on (adr/0002). A letter
+// with Abandoned is held back from the drain until its answer comes: only a
+// crash or a lost database connection meanwhile lets it out early (the
+// DLQ may then hold it twice, never zero times).
 type Parker interface {
 	Park(ctx context.Context, l OutboxLetter) error
 }

@@ -293,9 +293,9 @@ const lookEvery = 10 * time.Second
 func (s *Service) openWorker(conn *amqp.Connection, letters *letters, i int, work context.Context) (*worker, error) {
 	queue := s.cfg.Topology.Queue(i)
 	w := &worker{svc: s, index: i, queue: queue, tag: s.cfg.Instance + "/" + queue, conn: conn, work: work,
-		letters: letterChannel{letters: letters},
-		core:    newCore(s.cfg.BatchMax, s.cfg.BatchLinger > 0)}
-	w.publish = w.letters.publish
+		now: time.Now, core: newCore(s.cfg.BatchMax, s.cfg.BatchLinger > 0)}
+	w.parker, _ = s.app.(Parker)
+	w.letters = &letterChannel{letters: letters, parks: w.parker != nil}
 	// Prefetch BatchMax (1 unless batches are on) per consumer: what the
 	// broker gave us is the batch in hand at most, so order holds and a
 	// crash returns one batch.

@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"runtime"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/trace"
 
 	"transferconsumer/dlq"
 	"transferconsumer/retry"
@@ -16,25 +16,26 @@ import (
 
 // worker consumes one queue on its own channel: the thin shell around the
 // queue's core (core.go). It turns deliveries, results and the session's
-// end into the core's inputs, and the core's commands into amqp091 and
-// applier calls. Channels are not safe for concurrent use, so nothing else
-// touches ch.
+// end into the core's facts, and the core's commands into calls of its
+// ports (ports.go). Channels are not safe for concurrent use, so nothing
+// else touches ch.
 type worker struct {
 	svc        *Service
 	index      int
 	queue, tag string
 	conn       *amqp.Connection
-	ch         *amqp.Channel
+	ch         channelPort
 	closed     <-chan *amqp.Error // ch's close notification
 	deliveries <-chan amqp.Delivery
+	session    context.Context // ends the session: nothing new is applied
 	work       context.Context // lives ShutdownTimeout past shutdown
 	lane       Lane            // when the applier has lanes; else each attempt gets a timeout context
-	letters    letterChannel   // where dead-letter copies go out
-	// publish sends a dead-letter copy and returns nil only once the broker
-	// confirmed it, waiting as long as ctx lasts; letters.publish, or a
-	// fake in unit tests.
-	publish func(ctx context.Context, exchange, key string, msg amqp.Publishing) error
-	core    *core
+	letters    letterPort      // where dead-letter copies go out
+	parker     Parker          // where a dead letter waits out a broker alarm; nil when the applier cannot
+	now        clock
+	core       *core
+	held       map[uint64]*delivery // by tag: what the core holds no handle to
+	failed     error                // why the channel failed or the consumer was cancelled
 	// traced is the first delivery of the attempt under way's span
 	// context, when tracing is on; traceID its trace, for log lines.
 	traced  context.Context
@@ -43,12 +44,22 @@ type worker struct {
 	th      retry.Throttle // when to log a blocked queue
 }
 
+// delivery is one delivery in hand, as the worker keeps it.
+type delivery struct {
+	d     amqp.Delivery
+	span  trace.Span
+	start time.Time
+	// abandoned: the answer to its dead letter's publish that an alarm
+	// cut short, for the parker.
+	abandoned <-chan error
+}
+
 // run carries out the core's commands until it is finished: the session
 // ended and what was in hand is settled or returned, or the channel closed.
 // It returns an error when the channel failed or the broker cancelled the
 // consumer, so that the session ends and consumes again.
 func (w *worker) run(session context.Context) error {
-	var failed error
+	w.session = session
 	ended := session.Done()
 	var timer *time.Timer
 	var timerC <-chan time.Time
@@ -61,73 +72,107 @@ func (w *worker) run(session context.Context) error {
 		if ended != nil && session.Err() != nil {
 			// An ended session goes first, even with deliveries waiting.
 			ended = nil
-			w.core.end()
+			w.ended()
 		}
-		cmd := w.core.next()
-		switch cmd.Kind {
-		case cmdDone:
-			return failed
-		case cmdNone:
-		case cmdWait:
-			delay := w.svc.cfg.BatchLinger
-			if !cmd.Linger {
-				delay = w.svc.cfg.Retry.Delay(cmd.Attempt)
-				w.reportBlocked(cmd.Attempt, delay)
-			}
+		switch delay, state := w.advance(); state {
+		case stepDone:
+			return w.failed
+		case stepWait:
 			if timer != nil {
 				timer.Stop()
 			}
 			timer = time.NewTimer(delay)
 			timerC = timer.C
-		default:
-			if err := w.exec(session, cmd); err != nil {
-				if failed == nil {
-					failed = err
-				}
-				w.core.channelClosed() // a channel that failed a command is closed by the broker
-			}
-			continue
 		}
 		select {
 		case d, ok := <-w.deliveries:
 			if !ok {
 				// The channel closed, or the broker cancelled the consumer
 				// (a consumer timeout on 4.3, a deleted queue).
+				w.deliveries = nil
 				var reason *amqp.Error
 				select {
 				case reason = <-w.closed:
 				default:
 				}
 				if reason != nil || w.ch.IsClosed() {
-					w.core.channelClosed()
-					if failed == nil {
-						failed = fmt.Errorf("queue %s: consumer channel closed: %v", w.queue, reason)
-					}
+					w.channelClosed(reason)
 				} else {
-					w.core.cancelled()
-					if failed == nil {
-						failed = fmt.Errorf("queue %s: the broker cancelled the consumer", w.queue)
-					}
+					w.cancelled()
 				}
-				w.deliveries = nil
 				continue
 			}
 			w.take(d)
 			w.gather()
 		case <-timerC:
 			timerC = nil
-			w.core.tick()
+			w.tick()
 		case <-ended:
 			ended = nil
-			w.core.end()
+			w.ended()
 		case e := <-w.closed:
 			w.closed = nil
-			w.core.channelClosed()
-			if failed == nil {
-				failed = fmt.Errorf("queue %s: channel closed: %v", w.queue, e)
-			}
+			w.channelClosed(e)
 		}
 	}
+}
+
+// advance carries out the core's commands until it has none for now, and
+// says whether the core waits for a timer (of delay) or is done.
+func (w *worker) advance() (time.Duration, stepState) {
+	for {
+		if delay, state, ran := w.step(); !ran {
+			return delay, state
+		}
+	}
+}
+
+// step carries out the core's next command when there is one to carry out
+// now (ran); else it says whether the core waits for a timer (of delay),
+// is idle until something happens, or is done. run calls it through
+// advance; model_test.go calls it one command at a time.
+func (w *worker) step() (delay time.Duration, state stepState, ran bool) {
+	cmd := w.core.next()
+	switch cmd.Kind {
+	case cmdDone:
+		return 0, stepDone, false
+	case cmdNone:
+		return 0, stepIdle, false
+	case cmdWait:
+		delay = w.svc.cfg.BatchLinger
+		if !cmd.Linger {
+			delay = w.svc.cfg.Retry.Delay(cmd.Attempt)
+			w.reportBlocked(cmd.Attempt, delay)
+		}
+		return delay, stepWait, false
+	}
+	if err := w.exec(cmd); err != nil {
+		w.fail(err)
+		w.core.channelClosed() // a channel that failed a command is closed by the broker
+	}
+	return 0, stepIdle, true
+}
+
+// ended: the session ended. tick: the timer the core waited for is due.
+func (w *worker) ended() { w.core.end() }
+func (w *worker) tick()  { w.core.tick() }
+
+func (w *worker) fail(err error) {
+	if w.failed == nil {
+		w.failed = err
+	}
+}
+
+// channelClosed: the broker closed the channel (reason), or it was lost.
+func (w *worker) channelClosed(reason *amqp.Error) {
+	w.core.channelClosed()
+	w.fail(fmt.Errorf("queue %s: consumer channel closed: %v", w.queue, reason))
+}
+
+// cancelled: the broker cancelled the consumer, the channel still open.
+func (w *worker) cancelled() {
+	w.core.cancel()
+	w.fail(fmt.Errorf("queue %s: the broker cancelled the consumer", w.queue))
 }
 
 // gather takes in hand what else has already arrived, so that a batch
@@ -157,13 +202,19 @@ func (w *worker) gather() {
 }
 
 // take decodes d and hands it to the core. A panic while decoding is
-// recovered as ClassPanic: the message is returned, and the delivery limit
-// ends a loop of them.
+// recovered as ClassPanic: the core dead-letters the message, or holds it
+// in place when the queue's last dead letter was a panic too with nothing
+// applied since (core.work).
 func (w *worker) take(d amqp.Delivery) {
-	s := &slot{Tag: d.DeliveryTag, d: d, start: time.Now()}
+	h := &delivery{d: d, start: w.now()}
 	if t := w.svc.cfg.Tracer; t != nil {
-		_, s.span = w.startDelivery(t, d)
+		_, h.span = w.startDelivery(t, d)
 	}
+	if w.held == nil {
+		w.held = map[uint64]*delivery{}
+	}
+	w.held[d.DeliveryTag] = h
+	s := &slot{Tag: d.DeliveryTag}
 	if max := w.svc.cfg.MaxBodyBytes; max > 0 && len(d.Body) > max {
 		s.Err = Poison(fmt.Errorf("body of %d bytes is over MAX_BODY_BYTES (%d): not decoded", len(d.Body), max))
 	} else {
@@ -191,36 +242,41 @@ func (w *worker) decode(d amqp.Delivery) (ev Event, err error) {
 // exec carries out one command and feeds its result back to the core. It
 // returns an error when the channel could not carry a settlement out; the
 // broker then has the message back, which the inbox makes harmless.
-func (w *worker) exec(session context.Context, cmd command) error {
+func (w *worker) exec(cmd command) error {
 	switch cmd.Kind {
 	case cmdApply:
-		outs, err := w.apply(session, cmd.Slots)
-		w.core.applied(outs, err, ClassOf(session, err))
+		outs, err := w.apply(w.session, cmd.Slots)
+		w.core.applied(outs, err, ClassOf(w.session, err))
 		w.unblock()
 	case cmdCopy:
-		r, err := w.copy(session, cmd.Slots[0])
-		w.core.copied(r, err)
+		f, err := w.copy(cmd.Slots[0])
+		w.core.copied(f, err)
+		w.unblock()
+	case cmdPark:
+		f, err := w.park(cmd.Slots[0])
+		w.core.copied(f, err)
 		w.unblock()
 	case cmdAck:
-		err := cmd.Slots[len(cmd.Slots)-1].d.Ack(cmd.Multiple)
-		w.settled(cmd.Slots, ActionAck, err)
+		id := w.eventID(cmd.Settled[0].Slot)
+		err := w.ch.Ack(cmd.Tag, cmd.Multiple)
+		w.settled(cmd.Settled, err)
 		if err != nil {
-			return fmt.Errorf("queue %s: ack event %s: %w", w.queue, eventID(cmd.Slots[0]), err)
+			return fmt.Errorf("queue %s: ack event %s: %w", w.queue, id, err)
 		}
-		w.kickOutbox(cmd.Slots)
+		w.kickOutbox(cmd.Settled)
 	case cmdReject:
 		// A refused copy: the queue's own at-least-once dead-lettering
 		// takes the message instead.
-		s := cmd.Slots[0]
-		err := s.d.Reject(false)
-		w.settled(cmd.Slots, ActionDeadLetter, err)
+		id := w.eventID(cmd.Settled[0].Slot)
+		err := w.ch.Reject(cmd.Tag, false)
+		w.settled(cmd.Settled, err)
 		if err != nil {
-			return fmt.Errorf("queue %s: reject event %s: %w", w.queue, eventID(s), err)
+			return fmt.Errorf("queue %s: reject event %s: %w", w.queue, id, err)
 		}
 	case cmdClose:
 		// Everything unsettled goes back together, in order; a close that
 		// fails has lost the channel, which returns it all the same.
-		w.settled(cmd.Slots, ActionRequeue, w.ch.Close())
+		w.settled(cmd.Settled, w.ch.Close())
 	}
 	return nil
 }
@@ -250,190 +306,53 @@ func (w *worker) open(prefetch int) error {
 	return nil
 }
 
-// copy publishes a copy of s with the failure headers to the dead-letter
-// exchange and waits for the broker's confirm. While a resource alarm
-// blocks publishing, the broker confirms nothing until it passes, which may
-// be never if the backlog feeds it: then the letter is parked in the
-// database instead (Parker), for the outbox drain to publish, and the
-// message is acked, so that what is behind it goes on. A session that ends
-// while the confirm is awaited returns the original. Either way at worst
-// the DLQ holds a letter twice.
-func (w *worker) copy(session context.Context, s *slot) (copyResult, error) {
-	at := time.Now()
-	msg := dlq.Copy(s.d, dlq.Failure{
-		Class:    string(s.Class),
-		Reason:   s.Err.Error(),
-		Queue:    w.queue,
-		Instance: w.svc.cfg.Instance,
-		At:       at,
-	})
-	parker, canPark := w.svc.app.(Parker)
-	var alarm <-chan struct{}
-	if canPark && w.letters.letters != nil {
-		alarm = w.letters.letters.alarmOn()
-		select {
-		case <-alarm:
-			return w.park(parker, s, at)
-		default:
-		}
-	}
-	ctx, cancel := context.WithCancel(session)
-	defer cancel()
-	if alarm != nil {
-		go func() { // ends with ctx at the latest
-			select {
-			case <-alarm:
-				cancel()
-			case <-ctx.Done():
-			}
-		}()
-	}
-	err := w.publish(ctx, dlq.Exchange(w.svc.cfg.Topology.Prefix), s.d.RoutingKey, msg)
-	switch {
-	case err == nil:
-		return copied, nil
-	case session.Err() == nil && alarm != nil && isClosed(alarm):
-		w.letters.abandon()
-		return w.park(parker, s, at)
-	case session.Err() != nil:
-		w.svc.log.Warn("the session ended before the dead-letter copy was confirmed; the message is returned",
-			"queue", w.queue, "event_id", eventID(s))
-		return copyCut, err
-	}
-	say := "dead-letter copy not confirmed, rejecting to the broker's dead-lettering"
-	if _, refused := errors.AsType[*dlq.Refused](err); refused {
-		say = "dead-letter copy refused by the broker (access refused), rejecting to the broker's dead-lettering"
-	}
-	w.svc.log.Error(say, "queue", w.queue, "event_id", eventID(s), "err", err)
-	return copyRefused, err
-}
-
-// park writes s's dead letter to the database for the outbox drain to
-// publish once the alarm passes; the message is then acked. A failure is
-// the environment's: the core waits and tries again.
-func (w *worker) park(parker Parker, s *slot, at time.Time) (copyResult, error) {
-	ctx, cancel := context.WithTimeout(w.work, w.svc.cfg.ApplyTimeout)
-	defer cancel()
-	typ := s.Event.Type
-	if typ == "" {
-		typ = s.d.Type
-	}
-	err := parker.Park(ctx, OutboxLetter{
-		EventID: eventID(s), EventType: typ, Class: string(s.Class), Reason: s.Err.Error(),
-		RoutingKey: s.d.RoutingKey, MessageID: s.d.MessageId, ContentType: s.d.ContentType,
-		Body: s.d.Body, Headers: HeadersJSON(s.d.Headers), Queue: w.queue, At: at,
-	})
-	if err != nil {
-		return copyFailed, fmt.Errorf("park a dead letter during a broker alarm: %w", err)
-	}
-	w.svc.log.Warn("a broker alarm holds dead letters back: parked this one in the database, to be published when it passes",
-		"queue", w.queue, "event_id", eventID(s), "class", string(s.Class))
-	return copied, nil
-}
-
-func isClosed(c <-chan struct{}) bool {
-	select {
-	case <-c:
-		return true
-	default:
-		return false
-	}
-}
-
 // kickOutbox has the outbox drained when a commit among slots left a dead
 // letter behind (a transition that waited for this creation contradicts
 // it). The drain runs on its own: no worker waits on its confirms.
-func (w *worker) kickOutbox(slots []*slot) {
-	for _, s := range slots {
-		if s.Outbox {
+func (w *worker) kickOutbox(settled []settlement) {
+	for _, st := range settled {
+		if st.Slot.Outbox {
 			w.svc.kickDrain()
 			return
 		}
 	}
 }
 
-// reportBlocked reports the queue blocked, retrying its first event in
-// place after delay.
-func (w *worker) reportBlocked(attempt int, delay time.Duration) {
-	err := w.core.lastErr
-	if err == nil {
-		err = errors.New("unknown")
-	}
-	b := &w.blocked
-	if b.Attempts == 0 {
-		b.Since = time.Now()
-		w.th = retry.Throttle{}
-	}
-	b.Queue, b.TraceID = w.queue, w.traceID
-	if p := w.core.pending(); len(p) > 0 {
-		b.EventID = p[0].Event.ID
-	} else if len(w.core.slots) > 0 {
-		b.EventID = eventID(w.core.slots[0])
-	}
-	b.Attempts, b.Class, b.Reason = attempt+1, ClassOf(context.Background(), err), err.Error()
-	w.svc.setBlocked(*b)
-	logBlocked(w.svc.log, &w.th, *b, delay)
-	if w.svc.cfg.ObserveRetry != nil {
-		w.svc.cfg.ObserveRetry(Retry{Queue: w.queue, EventID: b.EventID, Attempt: attempt + 1, Delay: delay, Err: err})
-	}
-}
-
-// unblock clears the blocked report once the core has no failure to
-// retry any more.
-func (w *worker) unblock() {
-	b := w.blocked
-	if b.Attempts == 0 || w.core.failures > 0 {
-		return
-	}
-	w.blocked = Blocked{}
-	w.svc.clearBlocked(w.queue)
-	w.svc.log.Info("queue unblocked", "queue", w.queue, "event_id", b.EventID, "attempts", b.Attempts,
-		"blocked_ms", time.Since(b.Since).Milliseconds())
-}
-
-// settled records, logs and observes the decision about each of slots,
-// settled by action (sendErr: the channel's error, if it failed).
-func (w *worker) settled(slots []*slot, action Action, sendErr error) {
-	for _, s := range slots {
-		a := action
-		if s.Fate == fateCopied || s.Fate == fateRefused {
-			a = ActionDeadLetter
-		}
-		class := s.Class
-		if a == ActionRequeue && class == "" {
-			class = ClassShutdown // returned unapplied, not for its own fault
+// settled logs and observes each decision the core made, settled by the
+// channel (sendErr: its error, if it failed), and ends the deliveries'
+// spans.
+func (w *worker) settled(settled []settlement, sendErr error) {
+	for _, st := range settled {
+		s := st.Slot
+		id := w.eventID(s)
+		h := w.held[s.Tag]
+		delete(w.held, s.Tag)
+		if h == nil {
+			h = &delivery{start: w.now()}
 		}
 		dec := Decision{
 			Queue:         w.queue,
-			EventID:       eventID(s),
+			EventID:       id,
 			EventType:     s.Event.Type,
-			TraceID:       traceID(s.span, s.d.Headers),
-			Redelivered:   s.d.Redelivered,
-			DeliveryCount: dlq.DeliveryCount(s.d.Headers),
-			Class:         class,
-			Action:        a,
+			TraceID:       traceID(h.span, h.d.Headers),
+			Redelivered:   h.d.Redelivered,
+			DeliveryCount: dlq.DeliveryCount(h.d.Headers),
+			Class:         st.Class,
+			Action:        st.Action,
 			Duplicate:     s.Duplicate,
 			Retries:       s.Retries,
-			Duration:      time.Since(s.start),
-		}
-		if a != ActionAck || s.Fate == fateCopied {
-			dec.Err = s.Err
-		}
-		if a == ActionAck {
-			dec.Class = ""
+			Err:           st.Err,
+			Duration:      w.now().Sub(h.start),
 		}
 		if dec.EventType == "" {
-			dec.EventType = s.d.Type
-		}
-		if a != ActionAck && dec.Err == nil {
-			dec.Err = errReturned
+			dec.EventType = h.d.Type
 		}
 		w.svc.logDecision(dec, sendErr)
 		if w.svc.cfg.Observe != nil {
 			w.svc.cfg.Observe(dec)
 		}
-		if s.span != nil {
-			endDelivery(s.span, dec)
+		if h.span != nil {
+			endDelivery(h.span, dec)
 		}
 	}
 }
@@ -444,53 +363,12 @@ var errReturned = errors.New("returned to the queue unapplied, in order")
 
 // eventID names s's event: the body's eventId when it could be read, which
 // is authoritative even when it is poison, else the message_id property.
-func eventID(s *slot) string {
+func (w *worker) eventID(s *slot) string {
 	if s.Event.ID != "" {
 		return s.Event.ID
 	}
-	return s.d.MessageId
-}
-
-// logDecision logs one decision about a delivery, at its level.
-func (s *Service) logDecision(dec Decision, sendErr error) {
-	level := slog.LevelInfo
-	switch {
-	case sendErr != nil || dec.Action == ActionDeadLetter || dec.Class == ClassPanic:
-		level = slog.LevelError
-	case dec.Action == ActionRequeue:
-		level = slog.LevelWarn
+	if h := w.held[s.Tag]; h != nil {
+		return h.d.MessageId
 	}
-	// The record goes straight to the handler: Logger.Log would also look
-	// up its caller's source line (a stack walk) and box every value, work
-	// done on every event for nothing this line uses.
-	h := s.log.Handler()
-	ctx := context.Background()
-	if !h.Enabled(ctx, level) {
-		return
-	}
-	r := slog.NewRecord(time.Now(), level, "event", 0)
-	r.AddAttrs(
-		slog.String("event_id", dec.EventID), slog.String("queue", dec.Queue),
-		slog.Bool("redelivered", dec.Redelivered), slog.Int64("delivery_count", dec.DeliveryCount),
-		slog.String("outcome", dec.Outcome()),
-		// Microseconds as an integer: slog's JSON handler writes a float
-		// through encoding/json, a measurable cost on every event.
-		slog.Int64("duration_us", dec.Duration.Microseconds()),
-	)
-	if dec.EventType != "" {
-		r.AddAttrs(slog.String("event_type", dec.EventType))
-	}
-	if dec.TraceID != "" {
-		r.AddAttrs(slog.String("trace_id", dec.TraceID))
-	}
-	if dec.Class != "" {
-		r.AddAttrs(slog.String("class", string(dec.Class)), slog.Any("err", dec.Err))
-	}
-	if dec.Retries > 0 {
-		r.AddAttrs(slog.Int("retries", dec.Retries))
-	}
-	if sendErr != nil {
-		r.AddAttrs(slog.Any("send_err", sendErr))
-	}
-	h.Handle(ctx, r)
+	return ""
 }

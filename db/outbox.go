@@ -87,15 +87,54 @@ func (in *Inbox) Park(ctx context.Context, l consumer.OutboxLetter) error {
 	if isUUID(l.EventID) {
 		eventID = &l.EventID
 	}
-	_, err := in.db.ExecContext(ctx, `
+	var id int64
+	err := in.db.QueryRowContext(ctx, `
 		INSERT INTO dead_letter_outbox (event_id, queue, event_type, class, reason, routing_key, body, headers, message_id, content_type)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULLIF($9, ''), NULLIF($10, ''))`,
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULLIF($9, ''), NULLIF($10, ''))
+		RETURNING id`,
 		eventID, storableText(l.Queue), storableText(l.EventType), l.Class, storableText(l.Reason), storableText(l.RoutingKey),
-		l.Body, nullJSON(storableHeaders(l.Headers)), storableText(l.MessageID), storableText(l.ContentType))
+		l.Body, nullJSON(storableHeaders(l.Headers)), storableText(l.MessageID), storableText(l.ContentType)).Scan(&id)
 	if err != nil {
 		return translate(fmt.Errorf("park the dead letter of event %s: %w", l.EventID, err))
 	}
+	if l.Abandoned != nil {
+		in.holdParked(ctx, id, l.Abandoned)
+	}
 	return nil
+}
+
+// holdParked keeps the parked letter id from the drain (whose SKIP LOCKED
+// passes over a locked row) until answer comes: the answer to a publish of
+// the same letter that an alarm cut short. A confirm deletes the row, so
+// that the DLQ does not hold the letter twice; anything else releases it
+// for the drain. Should a drain have taken the row between its insert and
+// the lock (SKIP LOCKED: the worker does not wait for it), or the lock's
+// connection be lost meanwhile, the drain publishes the letter, and the DLQ
+// may hold it twice, never zero times.
+//
+// The transaction outlives ctx (which bounds the lock's statement only): a
+// transaction whose context ends is rolled back.
+func (in *Inbox) holdParked(ctx context.Context, id int64, answer <-chan error) {
+	tx, err := in.db.BeginTxx(context.WithoutCancel(ctx), readCommitted)
+	if err != nil {
+		return
+	}
+	var locked int64
+	if err := tx.QueryRowxContext(ctx, `SELECT id FROM dead_letter_outbox WHERE id = $1 FOR UPDATE SKIP LOCKED`, id).Scan(&locked); err != nil {
+		_ = tx.Rollback()
+		return
+	}
+	go func() {
+		if err := <-answer; err != nil {
+			_ = tx.Rollback()
+			return
+		}
+		if _, err := tx.Exec(`DELETE FROM dead_letter_outbox WHERE id = $1`, id); err != nil {
+			_ = tx.Rollback()
+			return
+		}
+		_ = tx.Commit()
+	}()
 }
 
 // isUUID reports whether s is a UUID PostgreSQL accepts.

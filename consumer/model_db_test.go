@@ -1,0 +1,225 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// mdb is the database: the inbox, each account's balance and last applied
+// event, and the dead-letter outbox (parked letters).
+type mdb struct {
+	t           fataler
+	down        bool // every attempt fails: the environment (transient)
+	unknown     bool // every attempt fails with an error nobody classified
+	lostCommits bool // a COMMIT may succeed and its answer be lost
+	bug         bool // a bug makes every attempt panic
+	bugSeen     bool
+	slowOver    int            // attempts of more events than this time out; 0: none do
+	applied     map[string]int // the inbox: eventId -> applied
+	effects     map[string]int // the message's effects, however its eventId was read
+	balance     map[int]int64
+	last        map[int]int // account -> seq of the last event applied
+	panicked    map[string]bool
+	byID        map[string]*mmsg
+	msgs        []*mmsg // by seq
+	parked      []*parkedLetter
+	r           func(n int) int
+	logf        func(format string, args ...any)
+}
+
+// parkedLetter is a row of dead_letter_outbox a worker parked.
+type parkedLetter struct {
+	l   OutboxLetter
+	gen int
+	// held: the row is locked while the publish an alarm cut short is
+	// unanswered (db.Inbox.holdParked): the drain passes over it.
+	held bool
+}
+
+func newMDB() *mdb {
+	return &mdb{applied: map[string]int{}, effects: map[string]int{}, balance: map[int]int64{}, last: map[int]int{},
+		panicked: map[string]bool{}, byID: map[string]*mmsg{}}
+}
+
+// message is the message ev was decoded from, known by its transfer.
+func (d *mdb) message(ev Event) *mmsg {
+	seq, err := strconv.Atoi(ev.Transfer.ID[len(ev.Transfer.ID)-12:])
+	if err != nil || seq >= len(d.msgs) {
+		d.t.Fatalf("event %s: not one the model published", ev.ID)
+	}
+	return d.msgs[seq]
+}
+
+func (d *mdb) parkedFor(id string) bool {
+	for _, p := range d.parked {
+		if p.l.MessageID == id {
+			return true
+		}
+	}
+	return false
+}
+
+// apply applies evs in one transaction. It panics as the code under a bug
+// would; the worker recovers.
+func (d *mdb) apply(evs []Event) ([]Outcome, error) {
+	switch {
+	case d.down:
+		return nil, Transient(errors.New("database down"))
+	case d.slowOver > 0 && len(evs) > d.slowOver:
+		return nil, Transient(errors.New("canceling statement due to statement timeout"))
+	case d.unknown:
+		return nil, errors.New("an error nobody classified")
+	case d.bug:
+		d.bugSeen = true
+		panic("a bug that hits every message")
+	}
+	for _, ev := range evs {
+		m := d.message(ev)
+		switch {
+		case m.kind == panicky || (m.kind == flaky && !d.panicked[m.id]):
+			d.panicked[m.id] = true
+			panic("boom")
+		case m.kind == rejected:
+			return nil, Rejected(errors.New("value out of range"))
+		case m.kind == transition:
+			return nil, Transition(errors.New("completed after failed"))
+		}
+	}
+	outs := make([]Outcome, len(evs))
+	for i, ev := range evs {
+		m := d.message(ev)
+		if m.kind == conflict {
+			outs[i].Err = Conflict(errors.New("same eventId, other content"))
+			continue
+		}
+		if d.applied[ev.ID] > 0 { // the inbox: keyed by the eventId
+			outs[i].Duplicate = true
+			continue
+		}
+		if last, ok := d.last[m.account]; ok && last > m.seq {
+			d.t.Fatalf("account %d: event %d applied after event %d", m.account, m.seq, last)
+		}
+		d.applied[ev.ID]++
+		d.effects[m.id]++
+		account, _ := strconv.Atoi(strings.TrimPrefix(ev.Transfer.FromAccount, "acc_"))
+		d.balance[account] += ev.Transfer.AmountMinor // the effect, as the event says
+		d.last[m.account] = m.seq
+	}
+	if d.lostCommits && d.r(3) == 0 {
+		d.logf("the answer to the COMMIT of %d events from %s is lost", len(evs), evs[0].ID)
+		return nil, Transient(errors.New("connection reset by peer (after COMMIT)"))
+	}
+	return outs, nil
+}
+
+// mapp is the applier a replica's service runs with: its lanes, its
+// parker and its outbox are the model database's.
+type mapp struct {
+	s  *sim
+	rp *replica
+}
+
+func (a *mapp) Apply(ctx context.Context, ev Event) (Result, error) {
+	outs, err := a.attempt(ctx, []Event{ev})
+	if err != nil {
+		return Result{}, err
+	}
+	return outs[0].Result, outs[0].Err
+}
+
+func (a *mapp) ApplyBatch(ctx context.Context, evs []Event) ([]Outcome, error) {
+	return a.attempt(ctx, evs)
+}
+
+// attempt is one transaction. Now and then a SIGTERM arrives during it
+// and outlasts SHUTDOWN_TIMEOUT: the statement is cancelled, nothing
+// committed.
+func (a *mapp) attempt(ctx context.Context, evs []Event) ([]Outcome, error) {
+	if a.rp.ended {
+		a.s.t.Fatalf("replica %d applies after its session ended", a.rp.id)
+	}
+	if ctx.Err() == nil && !a.s.calm && a.s.r.IntN(60) == 0 {
+		a.s.logf("r%d: SIGTERM during an attempt, which outlasts SHUTDOWN_TIMEOUT", a.rp.id)
+		a.s.endSession(a.rp)
+		a.rp.endWork(ErrShutdown)
+	}
+	if ctx.Err() != nil {
+		return nil, errors.New("canceling statement due to user request")
+	}
+	outs, err := a.s.db.apply(evs)
+	a.s.logf("r%d applies %d events from %s: %v", a.rp.id, len(evs), evs[0].ID, err)
+	return outs, err
+}
+
+func (a *mapp) Lane(time.Duration) Lane { return a }
+func (a *mapp) Close()                  {}
+
+// Park keeps l in the outbox; it fails while the database is down.
+func (a *mapp) Park(ctx context.Context, l OutboxLetter) error {
+	if a.s.db.down {
+		return Transient(errors.New("database down"))
+	}
+	a.s.logf("r%d parks the letter of %s (held: %v)", a.rp.id, l.EventID, l.Abandoned != nil)
+	a.rp.alarmCopies = 0
+	a.s.b.blame(a.s.db.byID[l.MessageID], l.Class, a.rp.gen)
+	p := &parkedLetter{l: l, gen: a.rp.gen, held: l.Abandoned != nil}
+	a.s.db.parked = append(a.s.db.parked, p)
+	return nil
+}
+
+// DrainOutbox hands the parked letters, oldest first, to publish, passing
+// over those held; it stops at the first that fails.
+func (a *mapp) DrainOutbox(ctx context.Context, publish func(OutboxLetter) error) (int, error) {
+	d := a.s.db
+	if d.down {
+		return 0, Transient(errors.New("database down"))
+	}
+	n := 0
+	var keep []*parkedLetter
+	for i, p := range d.parked {
+		if p.held {
+			keep = append(keep, p)
+			continue
+		}
+		if err := publish(p.l); err != nil {
+			d.parked = append(keep, d.parked[i:]...)
+			return n, err
+		}
+		n++
+	}
+	d.parked = keep
+	return n, nil
+}
+
+// answered resolves the held rows whose publish got its answer: a confirm
+// deletes the row, anything else releases it (db.Inbox.holdParked).
+func (d *mdb) answered() {
+	var keep []*parkedLetter
+	for _, p := range d.parked {
+		if p.held {
+			select {
+			case err := <-p.l.Abandoned:
+				p.held = false
+				if err == nil {
+					d.logf("the parked letter of %s is dropped: its publish was confirmed", p.l.EventID)
+					continue
+				}
+			default:
+			}
+		}
+		keep = append(keep, p)
+	}
+	d.parked = keep
+}
+
+// release: the process of worker gen is gone, and with it the locks it held.
+func (d *mdb) release(gen int) {
+	for _, p := range d.parked {
+		if p.gen == gen {
+			p.held = false
+		}
+	}
+}

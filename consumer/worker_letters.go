@@ -1,0 +1,130 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"transferconsumer/dlq"
+)
+
+// copy publishes a copy of s with the failure headers to the dead-letter
+// exchange and waits for the broker's confirm, and reports what became of
+// it; the core decides what follows (core.copied). While a broker alarm
+// blocks publishing (and the applier can park the letter), nothing is
+// published: the core has it parked instead. So it is while an earlier
+// publish of it, which an alarm cut short, awaits its answer.
+func (w *worker) copy(s *slot) (copyFact, error) {
+	h := w.held[s.Tag]
+	if h.abandoned != nil { // an alarm cut an earlier publish of it short
+		select {
+		case err := <-h.abandoned:
+			h.abandoned = nil
+			if err == nil {
+				return factConfirmed, nil
+			}
+		default:
+			return factAlarm, nil // parked, held back until the answer comes
+		}
+	}
+	if w.parker != nil && w.letters.alarmed() {
+		return factAlarm, nil
+	}
+	msg := dlq.Copy(h.d, dlq.Failure{
+		Class:    string(s.Class),
+		Reason:   s.Err.Error(),
+		Queue:    w.queue,
+		Instance: w.svc.cfg.Instance,
+		At:       w.now(),
+	})
+	err := w.letters.publish(w.session, dlq.Exchange(w.svc.cfg.Topology.Prefix), h.d.RoutingKey, msg)
+	switch {
+	case err == nil:
+		return factConfirmed, nil
+	case w.session.Err() != nil:
+		w.svc.log.Warn("the session ended before the dead-letter copy was confirmed; the message is returned",
+			"queue", w.queue, "event_id", w.eventID(s))
+		return factEnded, err
+	case errors.Is(err, errAlarmCut):
+		if cut, ok := errors.AsType[*alarmCut](err); ok {
+			w.held[s.Tag].abandoned = cut.answer // the parked letter waits for it
+		}
+		return factAlarm, err
+	}
+	say := "dead-letter copy not confirmed, rejecting to the broker's dead-lettering"
+	if _, refused := errors.AsType[*dlq.Refused](err); refused {
+		say = "dead-letter copy refused by the broker (access refused), rejecting to the broker's dead-lettering"
+	}
+	w.svc.log.Error(say, "queue", w.queue, "event_id", w.eventID(s), "err", err)
+	return factRefused, err
+}
+
+// park writes s's dead letter to the database for the outbox drain to
+// publish once the alarm passes; the core then has the message acked.
+func (w *worker) park(s *slot) (copyFact, error) {
+	ctx, cancel := context.WithTimeout(w.work, w.svc.cfg.ApplyTimeout)
+	defer cancel()
+	h := w.held[s.Tag]
+	typ := s.Event.Type
+	if typ == "" {
+		typ = h.d.Type
+	}
+	err := w.parker.Park(ctx, OutboxLetter{
+		EventID: w.eventID(s), EventType: typ, Class: string(s.Class), Reason: s.Err.Error(),
+		RoutingKey: h.d.RoutingKey, MessageID: h.d.MessageId, ContentType: h.d.ContentType,
+		Body: h.d.Body, Headers: HeadersJSON(h.d.Headers), Queue: w.queue, At: w.now(),
+		Abandoned: h.abandoned,
+	})
+	if err != nil {
+		return factParkFailed, fmt.Errorf("park a dead letter during a broker alarm: %w", err)
+	}
+	w.svc.log.Warn("a broker alarm holds dead letters back: parked this one in the database, to be published when it passes",
+		"queue", w.queue, "event_id", w.eventID(s), "class", string(s.Class))
+	return factParked, nil
+}
+
+// logDecision logs one decision about a delivery, at its level.
+func (s *Service) logDecision(dec Decision, sendErr error) {
+	level := slog.LevelInfo
+	switch {
+	case sendErr != nil || dec.Action == ActionDeadLetter || dec.Class == ClassPanic:
+		level = slog.LevelError
+	case dec.Action == ActionRequeue:
+		level = slog.LevelWarn
+	}
+	// The record goes straight to the handler: Logger.Log would also look
+	// up its caller's source line (a stack walk) and box every value, work
+	// done on every event for nothing this line uses.
+	h := s.log.Handler()
+	ctx := context.Background()
+	if !h.Enabled(ctx, level) {
+		return
+	}
+	r := slog.NewRecord(time.Now(), level, "event", 0)
+	r.AddAttrs(
+		slog.String("event_id", dec.EventID), slog.String("queue", dec.Queue),
+		slog.Bool("redelivered", dec.Redelivered), slog.Int64("delivery_count", dec.DeliveryCount),
+		slog.String("outcome", dec.Outcome()),
+		// Microseconds as an integer: slog's JSON handler writes a float
+		// through encoding/json, a measurable cost on every event.
+		slog.Int64("duration_us", dec.Duration.Microseconds()),
+	)
+	if dec.EventType != "" {
+		r.AddAttrs(slog.String("event_type", dec.EventType))
+	}
+	if dec.TraceID != "" {
+		r.AddAttrs(slog.String("trace_id", dec.TraceID))
+	}
+	if dec.Class != "" {
+		r.AddAttrs(slog.String("class", string(dec.Class)), slog.Any("err", dec.Err))
+	}
+	if dec.Retries > 0 {
+		r.AddAttrs(slog.Int("retries", dec.Retries))
+	}
+	if sendErr != nil {
+		r.AddAttrs(slog.Any("send_err", sendErr))
+	}
+	h.Handle(ctx, r)
+}
