@@ -106,6 +106,8 @@ func TestReplayLeavesAloneWhatCannotApplyAgain(t *testing.T) {
 		{"panic", Filter{}, true},
 		{"delivery_limit", Filter{}, true},
 		{"poison", Filter{Class: "panic"}, false},
+		{"unauthorized", Filter{}, false},
+		{"unauthorized", Filter{Class: "unauthorized"}, true},
 	}
 	for _, tt := range tests {
 		r := ReplayReport{Run: "run"}
