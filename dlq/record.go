@@ -1,10 +1,14 @@
 package dlq
 
 import (
+	"bufio"
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"time"
 	"unicode/utf8"
 
@@ -116,4 +120,114 @@ func (w Lines) Record(d amqp.Delivery, l Letter) error {
 		return fmt.Errorf("write the record to %s: %w", f.Name(), err)
 	}
 	return nil
+}
+
+// ReadRecords reads back the records Lines wrote to r, one JSON object a
+// line (blank lines are skipped, and the last line may lack its newline).
+// JSON keeps no AMQP field types, so a header number comes back as an int64
+// when it is whole and a float64 else, a nested table as an amqp.Table, and
+// a time or a byte array as the string Lines wrote; the rest of a record
+// comes back as it was written. It returns the records before the first line
+// that is not one, with an error naming that line.
+func ReadRecords(r io.Reader) ([]Record, error) {
+	var out []Record
+	br := bufio.NewReader(r)
+	for n := 1; ; n++ {
+		line, err := br.ReadBytes('\n')
+		if err != nil && !errors.Is(err, io.EOF) {
+			return out, fmt.Errorf("read record line %d: %w", n, err)
+		}
+		if len(bytes.TrimSpace(line)) > 0 {
+			rec, perr := parseRecord(line)
+			if perr != nil {
+				return out, fmt.Errorf("record line %d: %w", n, perr)
+			}
+			out = append(out, rec)
+		}
+		if err != nil {
+			return out, nil
+		}
+	}
+}
+
+func parseRecord(line []byte) (Record, error) {
+	var rec Record
+	if t := bytes.TrimSpace(line); t[0] != '{' {
+		return Record{}, fmt.Errorf("not a record: not a JSON object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.UseNumber()
+	if err := dec.Decode(&rec); err != nil {
+		return Record{}, fmt.Errorf("not a record: %w", err)
+	}
+	if dec.More() {
+		return Record{}, fmt.Errorf("more than one JSON value")
+	}
+	headers, err := fromJSON(map[string]interface{}(rec.Headers))
+	if err != nil {
+		return Record{}, fmt.Errorf("headers: %w", err)
+	}
+	rec.Headers = headers.(amqp.Table)
+	if rec.Body == nil {
+		rec.Body = []byte{}
+	}
+	return rec, nil
+}
+
+// fromJSON turns a header value decoded with UseNumber into the type an
+// AMQP table holds.
+func fromJSON(v interface{}) (interface{}, error) {
+	switch v := v.(type) {
+	case json.Number:
+		if i, err := strconv.ParseInt(string(v), 10, 64); err == nil {
+			return i, nil
+		}
+		f, err := strconv.ParseFloat(string(v), 64)
+		if err != nil {
+			return nil, fmt.Errorf("number %s out of range", v)
+		}
+		return f, nil
+	case map[string]interface{}:
+		t := make(amqp.Table, len(v))
+		for k, x := range v {
+			y, err := fromJSON(x)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", k, err)
+			}
+			t[k] = y
+		}
+		return t, nil
+	case amqp.Table:
+		return fromJSON(map[string]interface{}(v))
+	case []interface{}:
+		out := make([]interface{}, len(v))
+		for i, x := range v {
+			y, err := fromJSON(x)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = y
+		}
+		return out, nil
+	case nil:
+		return nil, nil
+	}
+	return v, nil // string, bool
+}
+
+// Delivery returns the dead letter r recorded as the DLQ delivered it, so
+// that Describe reads it as it did before it was dropped (but for the
+// header types JSON does not keep: see ReadRecords).
+func (r Record) Delivery() amqp.Delivery {
+	d := amqp.Delivery{
+		Exchange: r.Exchange, RoutingKey: r.RoutingKey, MessageId: r.MessageID,
+		ContentType: r.ContentType, ContentEncoding: r.ContentEncoding,
+		CorrelationId: r.CorrelationID, ReplyTo: r.ReplyTo, Type: r.Type, AppId: r.AppID,
+		UserId: r.UserID, Expiration: r.Expiration, DeliveryMode: r.DeliveryMode, Priority: r.Priority,
+		Headers: r.Headers, Body: r.Body,
+	}
+	if r.Timestamp != nil {
+		d.Timestamp = *r.Timestamp
+	}
+	return d
 }
