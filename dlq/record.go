@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strconv"
 	"time"
@@ -32,15 +33,18 @@ type Record struct {
 	ContentType     string     `json:"contentType,omitempty"`
 	ContentEncoding string     `json:"contentEncoding,omitempty"`
 	Timestamp       *time.Time `json:"timestamp,omitempty"`
-	CorrelationID   string     `json:"correlationId,omitempty"`
-	ReplyTo         string     `json:"replyTo,omitempty"`
-	Type            string     `json:"type,omitempty"`
-	AppID           string     `json:"appId,omitempty"`
-	UserID          string     `json:"userId,omitempty"`
-	Expiration      string     `json:"expiration,omitempty"`
-	DeliveryMode    uint8      `json:"deliveryMode,omitempty"`
-	Priority        uint8      `json:"priority,omitempty"`
-	Headers         amqp.Table `json:"headers"`
+	// TimestampSeconds holds the timestamp instead, in seconds since 1970,
+	// when its year is outside 0 to 9999, which RFC 3339 cannot write.
+	TimestampSeconds *int64     `json:"timestampSeconds,omitempty"`
+	CorrelationID    string     `json:"correlationId,omitempty"`
+	ReplyTo          string     `json:"replyTo,omitempty"`
+	Type             string     `json:"type,omitempty"`
+	AppID            string     `json:"appId,omitempty"`
+	UserID           string     `json:"userId,omitempty"`
+	Expiration       string     `json:"expiration,omitempty"`
+	DeliveryMode     uint8      `json:"deliveryMode,omitempty"`
+	Priority         uint8      `json:"priority,omitempty"`
+	Headers          amqp.Table `json:"headers"`
 
 	// Body is the body's exact bytes (base64 in JSON); BodyText the same
 	// body as text, for reading, when it is UTF-8.
@@ -48,7 +52,11 @@ type Record struct {
 	BodyText string `json:"bodyText,omitempty"`
 }
 
-// NewRecord returns d, a letter of queue described as l, as a Record.
+// NewRecord returns d, a letter of queue described as l, as a Record. Any
+// letter the broker can deliver makes a record JSON can write: a header
+// float that is NaN or infinite is written as the string "NaN", "+Inf" or
+// "-Inf", and a header time outside the years 0 to 9999 as its RFC 3339
+// text, which no JSON time takes.
 func NewRecord(d amqp.Delivery, l Letter, queue string, at time.Time) Record {
 	r := Record{
 		DroppedAt: at.UTC(), Queue: queue, EventID: l.EventID, Class: l.Class, Reason: l.Reason,
@@ -56,22 +64,56 @@ func NewRecord(d amqp.Delivery, l Letter, queue string, at time.Time) Record {
 		ContentType: d.ContentType, ContentEncoding: d.ContentEncoding,
 		CorrelationID: d.CorrelationId, ReplyTo: d.ReplyTo, Type: d.Type, AppID: d.AppId,
 		UserID: d.UserId, Expiration: d.Expiration, DeliveryMode: d.DeliveryMode, Priority: d.Priority,
-		Headers: d.Headers, Body: d.Body,
-	}
-	if r.Headers == nil {
-		r.Headers = amqp.Table{}
+		Headers: writable(d.Headers).(amqp.Table), Body: d.Body,
 	}
 	if r.Body == nil {
 		r.Body = []byte{}
 	}
 	if !d.Timestamp.IsZero() {
 		ts := d.Timestamp.UTC()
-		r.Timestamp = &ts
+		if y := ts.Year(); 0 <= y && y <= 9999 {
+			r.Timestamp = &ts
+		} else {
+			s := ts.Unix()
+			r.TimestampSeconds = &s
+		}
 	}
 	if utf8.Valid(d.Body) {
 		r.BodyText = string(d.Body)
 	}
 	return r
+}
+
+// writable returns header value v with what JSON cannot write made text
+// (see NewRecord); a table for a nil table.
+func writable(v interface{}) interface{} {
+	switch v := v.(type) {
+	case amqp.Table:
+		t := make(amqp.Table, len(v))
+		for k, x := range v {
+			t[k] = writable(x)
+		}
+		return t
+	case []interface{}:
+		out := make([]interface{}, len(v))
+		for i, x := range v {
+			out[i] = writable(x)
+		}
+		return out
+	case float64:
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return strconv.FormatFloat(v, 'g', -1, 64)
+		}
+	case float32:
+		if f := float64(v); math.IsNaN(f) || math.IsInf(f, 0) {
+			return strconv.FormatFloat(f, 'g', -1, 32)
+		}
+	case time.Time:
+		if y := v.UTC().Year(); y < 0 || y > 9999 {
+			return v.UTC().Format(time.RFC3339Nano)
+		}
+	}
+	return v
 }
 
 // Lines is a Recorder that writes each letter as one line of JSON to W,
@@ -228,6 +270,8 @@ func (r Record) Delivery() amqp.Delivery {
 	}
 	if r.Timestamp != nil {
 		d.Timestamp = *r.Timestamp
+	} else if r.TimestampSeconds != nil {
+		d.Timestamp = time.Unix(*r.TimestampSeconds, 0)
 	}
 	return d
 }
