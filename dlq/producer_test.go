@@ -1,6 +1,7 @@
 package dlq
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -75,7 +76,7 @@ func TestCustody(t *testing.T) {
 	if u := connUser(conn); u != "" {
 		t.Errorf("connUser with EXTERNAL = %q", u)
 	}
-	c := Custody{User: "ops", Replayers: []string{"ops-2"}}
+	c := Custody{User: "ops", Replayers: strings.Split("ops-2, ,", ",")}
 	for u, want := range map[string]bool{"ops": true, "ops-2": true, "": false, "payments-api": false} {
 		if c.replayer(u) != want {
 			t.Errorf("replayer(%q) = %v", u, !want)

@@ -108,12 +108,15 @@ type Custody struct {
 	User string
 	// Replayers are the users REPLAYERS lists, whose x-original-user-id is
 	// believed in a letter the broker dead-lettered itself; User is one.
+	// Spaces around a name are ignored, so REPLAYERS split at its commas
+	// will do.
 	Replayers []string
 }
 
 // replayer returns whether a user is one of c's replaying users.
 func (c Custody) replayer(user string) bool {
-	return user != "" && (user == c.User || slices.Contains(c.Replayers, user))
+	return user != "" && (user == c.User ||
+		slices.ContainsFunc(c.Replayers, func(r string) bool { return strings.TrimSpace(r) == user }))
 }
 
 // connUser returns the user conn logged in as, "" when its mechanism names
