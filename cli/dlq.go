@@ -32,7 +32,9 @@ retention (INBOX_TTL): letters that failed longer ago, and letters that show
 no failure time at all, are left alone unless --include-older-than-ttl is
 given. So are poison and producer-conflict letters, which cannot apply again
 (the same body fails the same way; the event id was applied with other
-content), unless --class names their class.
+content), and unauthorized ones (a producer PRODUCERS does not list), unless
+--class names their class. A replayed letter keeps its first producer in
+x-original-user-id, and is judged by it again.
 
 drop removes the matching letters for good. It writes each one (body, headers
 and properties) as a line of JSON to the --record file, appended and synced,
@@ -50,8 +52,8 @@ a letter that fails again at once is back in the DLQ when the run ends,
 replayed once. Run replay again to retry it.
 
 Classes (--class): poison, producer-conflict, invalid-transition,
-data-rejected and panic (an event whose handling panicked three times),
-set by the service; rejected, expired, maxlen and
+data-rejected, unauthorized and panic (an event whose handling panicked
+three times), set by the service; rejected, expired, maxlen and
 delivery_limit, the broker's reasons when it dead-lettered the message itself;
 unknown, a letter with neither.
 `

@@ -28,6 +28,9 @@ const (
 	// way on every attempt (a data exception such as a balance that would
 	// overflow, a constraint its data breaks). Dead-lettered at once.
 	ClassRejected Class = "data-rejected"
+	// ClassUnauthorized: the message's first producer is not in PRODUCERS,
+	// or no user_id says who it is (adr/0008). Dead-lettered, never applied.
+	ClassUnauthorized Class = "unauthorized"
 	// ClassTransient: the environment failed (database down, closed for
 	// maintenance, read-only, a revoked grant, a missing function, a lock or
 	// statement timeout, serialization failure, deadlock). Retried in place,
@@ -72,6 +75,10 @@ func Transition(err error) error { return wrap(ClassTransition, err) }
 // will on every attempt: the message is dead-lettered now.
 func Rejected(err error) error { return wrap(ClassRejected, err) }
 
+// Unauthorized marks err as a message from a producer PRODUCERS does not
+// list: the message is dead-lettered now.
+func Unauthorized(err error) error { return wrap(ClassUnauthorized, err) }
+
 // Transient marks err as a fault of the environment: the message is
 // retried in place until it passes.
 func Transient(err error) error { return wrap(ClassTransient, err) }
@@ -87,7 +94,7 @@ func wrap(class Class, err error) error {
 // fault, which no shutdown makes less true.
 func causedByMessage(class Class) bool {
 	switch class {
-	case ClassPoison, ClassConflict, ClassTransition, ClassRejected:
+	case ClassPoison, ClassConflict, ClassTransition, ClassRejected, ClassUnauthorized:
 		return true
 	}
 	return false

@@ -2,7 +2,6 @@ package dlq
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -33,25 +32,23 @@ func TestLinesRecordsTheWholeLetter(t *testing.T) {
 	if len(lines) != len(letters) {
 		t.Fatalf("%d lines for %d letters:\n%s", len(lines), len(letters), out.String())
 	}
-	for i, line := range lines {
-		var r Record
-		if err := json.Unmarshal(line, &r); err != nil {
-			t.Fatalf("line %d: %v", i, err)
-		}
+	records, err := ReadRecords(bytes.NewReader(out.Bytes()))
+	if err != nil || len(records) != len(letters) {
+		t.Fatalf("read back %d records, %v", len(records), err)
+	}
+	for i, r := range records {
 		d := letters[i]
 		if !bytes.Equal(r.Body, d.Body) || r.RoutingKey != d.RoutingKey || r.MessageID != d.MessageId ||
 			r.Queue != "transfers.dlq" || !r.DroppedAt.Equal(at) {
 			t.Errorf("line %d = %+v, want letter %+v", i, r, d)
 		}
 	}
-	var first Record
-	_ = json.Unmarshal(lines[0], &first)
-	if first.Class != "poison" || first.Headers["x-n"] != float64(3) || first.ContentType != "application/json" ||
+	first := records[0]
+	if first.Class != "poison" || first.Headers["x-n"] != int64(3) || first.ContentType != "application/json" ||
 		first.Timestamp == nil || !first.Timestamp.Equal(at) || first.BodyText != `{"eventId":"e1"}` || first.EventID != "e1" {
 		t.Errorf("first record = %+v", first)
 	}
-	var second Record
-	_ = json.Unmarshal(lines[1], &second)
+	second := records[1]
 	if second.BodyText != "" || second.Timestamp != nil || second.Class != "unknown" {
 		t.Errorf("second record = %+v: no text for a body that is not UTF-8, no timestamp when there was none", second)
 	}
@@ -106,6 +103,8 @@ func TestReplayLeavesAloneWhatCannotApplyAgain(t *testing.T) {
 		{"panic", Filter{}, true},
 		{"delivery_limit", Filter{}, true},
 		{"poison", Filter{Class: "panic"}, false},
+		{"unauthorized", Filter{}, false},
+		{"unauthorized", Filter{Class: "unauthorized"}, true},
 	}
 	for _, tt := range tests {
 		r := ReplayReport{Run: "run"}

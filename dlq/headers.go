@@ -43,7 +43,11 @@ type Failure struct {
 // Copy returns the publishing that dead-letters d: its body, properties and
 // routing key unchanged, its headers plus the failure headers. The broker's
 // own x-delivery-count is kept as x-original-delivery-count, since the DLQ
-// counts its own deliveries under the original name.
+// counts its own deliveries under the original name. The user_id property
+// is dropped (the broker would refuse it from the service's user): the
+// producer lives on in x-original-user-id, which Copy keeps like any header
+// of d, so d's must be the one the service judged (consumer.Producers.Admit
+// sets it on every delivery), never one a publisher set (adr/0008).
 func Copy(d amqp.Delivery, f Failure) amqp.Publishing {
 	headers := amqp.Table{}
 	for k, v := range d.Headers {

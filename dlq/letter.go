@@ -111,7 +111,7 @@ func deadSince(headers amqp.Table) time.Time {
 // letter with neither header.
 func Classes() []string {
 	return []string{
-		"poison", "producer-conflict", "invalid-transition", "data-rejected", "panic",
+		"poison", "producer-conflict", "invalid-transition", "data-rejected", "unauthorized", "panic",
 		"rejected", "expired", "maxlen", "delivery_limit",
 		"unknown",
 	}
@@ -121,13 +121,16 @@ func Classes() []string {
 // it is replayed: a poison message fails the same way on the same body, and
 // a producer conflict's eventId was applied with other content, which the
 // inbox finds again (and once the inbox has forgotten it, a replay would
-// apply a second transfer under one id). Replay leaves them alone unless its
-// filter names their class. Data the database rejects may apply after a fix
+// apply a second transfer under one id). An unauthorized letter applies only
+// once a person has put its producer in PRODUCERS, a decision no unfiltered
+// replay should take for them; naming the class replays it, and its first
+// producer is judged again (adr/0008), so a replay cannot launder it. Replay
+// leaves them alone unless its filter names their class. Data the database rejects may apply after a fix
 // of the schema or the code, an invalid transition once the transfer it
 // moves arrives, a panic after a fix, and the broker's own dead letters
 // (delivery_limit, rejected) and unknown ones are not judged by their body.
 func Unreplayable(class string) bool {
-	return class == "poison" || class == "producer-conflict"
+	return class == "poison" || class == "producer-conflict" || class == "unauthorized"
 }
 
 // Filter selects dead letters. Empty fields match everything.

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -91,6 +92,58 @@ type ReplayReport struct {
 // again (they carry its id in x-replay-run), so a letter that keeps failing
 // goes back once per run, not until the limit.
 func Replay(conn *amqp.Connection, prefix string, f Filter, limit int, dryRun bool) (ReplayReport, error) {
+	return ReplayAs(conn, prefix, f, limit, dryRun, Custody{})
+}
+
+// Custody says who puts letters back, and whose replays are believed about
+// a letter's first producer (adr/0008).
+type Custody struct {
+	// User is the user_id of every message put back: the service believes
+	// the x-original-user-id a message carries only from a user in its
+	// REPLAYERS, and the broker refuses a user_id that is not the
+	// connection's user. Empty means the connection's user, from its URL's
+	// credentials (PLAIN, AMQPLAIN); with none known (EXTERNAL) no user_id is
+	// set, and with PRODUCERS set the service dead-letters the replay as
+	// unauthorized.
+	User string
+	// Replayers are the users REPLAYERS lists, whose x-original-user-id is
+	// believed in a letter the broker dead-lettered itself; User is one.
+	// Spaces around a name are ignored, so REPLAYERS split at its commas
+	// will do.
+	Replayers []string
+}
+
+// replayer returns whether a user is one of c's replaying users.
+func (c Custody) replayer(user string) bool {
+	return user != "" && (user == c.User ||
+		slices.ContainsFunc(c.Replayers, func(r string) bool { return strings.TrimSpace(r) == user }))
+}
+
+// connUser returns the user conn logged in as, "" when its mechanism names
+// none.
+func connUser(conn *amqp.Connection) string {
+	if conn == nil {
+		return ""
+	}
+	for _, a := range conn.Config.SASL {
+		switch a := a.(type) {
+		case *amqp.PlainAuth:
+			return a.Username
+		case *amqp.AMQPlainAuth:
+			return a.Username
+		}
+	}
+	return ""
+}
+
+// ReplayAs is Replay, putting each letter back with user_id c.User and its
+// first producer (LetterProducer) in x-original-user-id, so that the
+// service judges a replayed letter by the producer that first sent it,
+// never by the replaying user.
+func ReplayAs(conn *amqp.Connection, prefix string, f Filter, limit int, dryRun bool, c Custody) (ReplayReport, error) {
+	if c.User == "" {
+		c.User = connUser(conn)
+	}
 	r := ReplayReport{Run: newRunID()}
 	ch, err := conn.Channel()
 	if err != nil {
@@ -111,7 +164,7 @@ func Replay(conn *amqp.Connection, prefix string, f Filter, limit int, dryRun bo
 				returns = ch.NotifyReturn(make(chan amqp.Return, 1))
 				closes = ch.NotifyClose(make(chan *amqp.Error, 1))
 			}
-			if err := republish(ch, returns, prefix, r.Run, d, l); err != nil {
+			if err := republish(ch, returns, prefix, r.Run, c.User, LetterProducer(d, c.replayer), d, l); err != nil {
 				return false, false, fmt.Errorf("replay event %s: %w", l.EventID, Explain(err, closes, prefix))
 			}
 			if err := d.Ack(false); err != nil {
@@ -170,10 +223,22 @@ func newRunID() string {
 
 // republish sends a dead letter back to the main exchange with its original
 // routing key, without its failure headers and marked as put back by run,
-// and waits for the confirm.
-func republish(ch *amqp.Channel, returns <-chan amqp.Return, prefix, run string, d amqp.Delivery, l Letter) error {
+// as user (its user_id, when set) on behalf of producer (its
+// x-original-user-id, when set), and waits for the confirm.
+func republish(ch *amqp.Channel, returns <-chan amqp.Return, prefix, run, user, producer string, d amqp.Delivery, l Letter) error {
+	msg := publishing(d, replayHeaders(d.Headers, run, producer, time.Now()))
+	msg.UserId = user
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return PublishConfirmed(ctx, ch, returns, prefix, l.RoutingKey, msg)
+}
+
+// replayHeaders returns the headers of a letter put back by run at now: the
+// letter's own, less the failure headers (x-original-user-id among them,
+// whatever the letter said), with producer as x-original-user-id when set.
+func replayHeaders(from amqp.Table, run, producer string, now time.Time) amqp.Table {
 	headers := amqp.Table{}
-	for k, v := range d.Headers {
+	for k, v := range from {
 		if strings.HasPrefix(k, "x-failure-") || strings.HasPrefix(k, "x-original-") ||
 			strings.HasPrefix(k, "x-failed-") || k == "x-death" || strings.HasPrefix(k, "x-first-death-") ||
 			strings.HasPrefix(k, "x-last-death-") || k == "x-delivery-count" {
@@ -181,11 +246,12 @@ func republish(ch *amqp.Channel, returns <-chan amqp.Return, prefix, run string,
 		}
 		headers[k] = v
 	}
-	headers[HeaderReplayedAt] = time.Now().UTC().Format(time.RFC3339Nano)
+	headers[HeaderReplayedAt] = now.UTC().Format(time.RFC3339Nano)
 	headers[HeaderReplayRun] = run
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	return PublishConfirmed(ctx, ch, returns, prefix, l.RoutingKey, publishing(d, headers))
+	if producer != "" {
+		headers[HeaderOriginalUser] = producer
+	}
+	return headers
 }
 
 // PublishConfirmed publishes msg as mandatory on ch, which must be in confirm

@@ -3,10 +3,8 @@
 package integration
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -103,17 +101,13 @@ func (e *env) command(stdin *os.File, extra []string, args ...string) (stdout, s
 	return out.String(), errOut.String(), err
 }
 
-// readRecords reads a record file, one dlq.Record a line.
+// readRecords reads a record file, one dlq.Record a line, with the reader
+// the package offers for it.
 func readRecords(t *testing.T, r io.Reader) []dlq.Record {
 	t.Helper()
-	var out []dlq.Record
-	s := bufio.NewScanner(r)
-	for s.Scan() {
-		var rec dlq.Record
-		if err := json.Unmarshal(s.Bytes(), &rec); err != nil {
-			t.Fatalf("a record line is not JSON: %v: %q", err, s.Text())
-		}
-		out = append(out, rec)
+	out, err := dlq.ReadRecords(r)
+	if err != nil {
+		t.Fatalf("the record file does not read back: %v", err)
 	}
 	return out
 }
