@@ -23,6 +23,8 @@ type health struct {
 	database atomic.Pointer[sqlx.DB]
 	starting atomic.Pointer[string]      // why the database is not ready yet, during start-up
 	schema   atomic.Pointer[schemaState] // nil until the schema was first checked
+	// replication says whether a failover may lose acked events
+	replication atomic.Pointer[db.ReplicationWatch]
 }
 
 // schemaState is what start-up last found of the schema.
@@ -138,6 +140,11 @@ func (h *health) readiness() (int, map[string]any) {
 	}
 	if !topologyReadiness(st.Topology, body) {
 		ready = false
+	}
+	if w := h.replication.Load(); w != nil {
+		detail, ok := w.Status()
+		body["replication"] = detail
+		ready = ready && ok
 	}
 	body["ready"] = ready
 	if !ready {
