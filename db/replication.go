@@ -29,9 +29,9 @@ const replicationQuery = `SELECT current_setting('synchronous_standby_names'), c
 // whatever the server's default, so the standby names decide.
 func (r Replication) Synchronous() bool { return strings.TrimSpace(r.StandbyNames) != "" }
 
-// asyncWarning is what the log and /readyz say when no standby is
-// synchronous.
-const asyncWarning = "no synchronous standby is configured (synchronous_standby_names is empty): " +
+// AsyncWarning is what the log (its message) and /readyz say when no
+// standby is synchronous.
+const AsyncWarning = "no synchronous standby is configured (synchronous_standby_names is empty): " +
 	"if this server has asynchronous standbys, a failover may lose the last commits, events the service has already acked"
 
 // asyncHint says how to prevent it.
@@ -78,9 +78,9 @@ func (w *ReplicationWatch) observe(r Replication) {
 		w.log.Info("the database has a synchronous standby: a failover to it keeps every acked event",
 			"synchronous_standby_names", r.StandbyNames, "synchronous_commit", r.Commit)
 	case w.require:
-		w.log.Error("refusing to consume: "+asyncWarning, "hint", asyncHint, "synchronous_commit", r.Commit)
+		w.log.Error("refusing to consume: "+AsyncWarning, "hint", asyncHint, "synchronous_commit", r.Commit)
 	default:
-		w.log.Warn(asyncWarning, "hint", asyncHint, "synchronous_commit", r.Commit)
+		w.log.Warn(AsyncWarning, "hint", asyncHint, "synchronous_commit", r.Commit)
 	}
 }
 
@@ -123,7 +123,7 @@ func (w *ReplicationWatch) Status() (string, bool) {
 	case w.require:
 		return ErrNoSyncStandby.Error() + "; " + asyncHint, false
 	}
-	return "warning: " + asyncWarning + "; " + asyncHint, true
+	return "warning: " + AsyncWarning + "; " + asyncHint, true
 }
 
 // Check reads the settings through database and records them.
