@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"transferconsumer/consumer"
 )
 
 // Both of libpq's forms, with one host or several, reach lib/pq as the
@@ -146,8 +148,10 @@ func TestDSNRedactedAndWith(t *testing.T) {
 }
 
 // Against the local server: both forms connect when the first host listed
-// refuses, and target_session_attrs=read-write passes the primary.
+// refuses, target_session_attrs=read-write passes the primary, and a
+// missing database is created on it.
 func TestOpenSeveralHosts(t *testing.T) {
+	testDB(t, 1) // skips, or fails with CI=true, without a server
 	adminURL := os.Getenv("TEST_DATABASE_URL")
 	if adminURL == "" {
 		adminURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
@@ -168,24 +172,33 @@ func TestOpenSeveralHosts(t *testing.T) {
 		port = "5432"
 	}
 	user := u.User.Username()
-	for _, dsn := range []string{
-		fmt.Sprintf("postgres://%s@%s,%s:%s/postgres?sslmode=disable&target_session_attrs=read-write", user, dead, host, port),
-		fmt.Sprintf("host=%s,%s port=%s,%s user=%s dbname=postgres sslmode=disable target_session_attrs=read-write",
-			deadHost, host, deadPort, port, user),
-	} {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		database, err := Open(ctx, dsn, 1)
+	for i, keyword := range []bool{false, true} {
+		// A database of its own, which OpenWhenReady creates through the
+		// maintenance database of the same hosts.
+		name := fmt.Sprintf("tc_hosts_%d_%d", i, time.Now().UnixNano())
+		dsn := fmt.Sprintf("postgres://%s@%s,%s:%s/%s?sslmode=disable&target_session_attrs=read-write", user, dead, host, port, name)
+		if keyword {
+			dsn = fmt.Sprintf("host=%s,%s port=%s,%s user=%s dbname=%s sslmode=disable target_session_attrs=read-write",
+				deadHost, host, deadPort, port, user, name)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		log, _ := captureLog()
+		database, err := OpenWhenReady(ctx, func() (string, error) { return dsn, nil }, true, 1,
+			consumer.Backoff{Min: 10 * time.Millisecond, Max: 100 * time.Millisecond}, log, nil)
 		cancel()
-		if err != nil {
-			if os.Getenv("CI") != "true" && strings.Contains(err.Error(), "connection refused") && !strings.Contains(err.Error(), dead) {
-				t.Skipf("no database: %v", err)
+		t.Cleanup(func() {
+			if admin, err := Open(context.Background(), adminURL, 1); err == nil {
+				admin.Exec(`DROP DATABASE IF EXISTS ` + name + ` WITH (FORCE)`)
+				admin.Close()
 			}
-			t.Errorf("Open(%q): %v", dsn, err)
+		})
+		if err != nil {
+			t.Errorf("OpenWhenReady(%q): %v", dsn, err)
 			continue
 		}
-		var one int
-		if err := database.Get(&one, `SELECT 1`); err != nil || one != 1 {
-			t.Errorf("%q: SELECT 1 = %d, %v", dsn, one, err)
+		var current string
+		if err := database.Get(&current, `SELECT current_database()`); err != nil || current != name {
+			t.Errorf("%q: connected to %q, %v", dsn, current, err)
 		}
 		database.Close()
 	}
