@@ -49,13 +49,13 @@ type patroniCluster struct {
 }
 
 type patroniMember struct {
-	name      string
-	pg, rest  int // PostgreSQL's and Patroni's REST API's ports
-	cmd     *exec.Cmd
-	exited  chan struct{}
-	stopped bool
-	dataDir string // inside the chroot
-	log     string // Patroni's output, on the host
+	name     string
+	pg, rest int // PostgreSQL's and Patroni's REST API's ports
+	cmd      *exec.Cmd
+	exited   chan struct{}
+	stopped  bool
+	dataDir  string // inside the chroot
+	log      string // Patroni's output, on the host
 }
 
 func newPatroniCluster(t *testing.T) *patroniCluster {
