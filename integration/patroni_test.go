@@ -90,9 +90,15 @@ func newPatroniCluster(t *testing.T) *patroniCluster {
 	scope := "tc-" + randomSuffix()
 	for i := 1; i <= 2; i++ {
 		m := &patroniMember{name: fmt.Sprintf("pg%d", i), pg: freePort(t), rest: freePort(t)}
-		m.log = filepath.Join(hostDir, m.name+".log")
 		m.dataDir = fmt.Sprintf("%s/%s", c.dir, m.name)
-		conf := fmt.Sprintf(patroniConfig, scope, m.name, m.rest, m.rest, c.etcd, m.pg, m.pg, m.dataDir, c.dir, c.dir)
+		conf := fmt.Sprintf(patroniConfig, scope, m.name, c.dir+"/"+m.name+"-log", m.rest, m.rest, c.etcd, m.pg, m.pg, m.dataDir, c.dir, c.dir)
+		if err := os.Mkdir(filepath.Join(hostDir, m.name+"-log"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(filepath.Join(hostDir, m.name+"-log"), uid, gid); err != nil {
+			t.Fatal(err)
+		}
+		m.log = filepath.Join(hostDir, m.name+"-log", "patroni.log")
 		confFile := filepath.Join(hostDir, m.name+".yml")
 		if err := os.WriteFile(confFile, []byte(conf), 0o644); err != nil {
 			t.Fatal(err)
@@ -114,6 +120,9 @@ func newPatroniCluster(t *testing.T) *patroniCluster {
 // once rather than being restarted in place.
 const patroniConfig = `scope: %s
 name: %s
+log:
+  dir: %s
+  level: INFO
 restapi:
   listen: 127.0.0.1:%d
   connect_address: 127.0.0.1:%d
@@ -177,7 +186,7 @@ func (c *patroniCluster) start(what, logFile, program string, args ...string) *e
 }
 
 func (c *patroniCluster) startMember(m *patroniMember) {
-	m.cmd = c.start("patroni "+m.name, m.log, "/usr/bin/patroni", c.dir+"/"+m.name+".yml")
+	m.cmd = c.start("patroni "+m.name, filepath.Join(c.root, c.dir, m.name+".out"), "/usr/bin/patroni", c.dir+"/"+m.name+".yml")
 	m.exited = make(chan struct{})
 	go func() { m.cmd.Wait(); close(m.exited) }()
 }
@@ -198,11 +207,13 @@ func (c *patroniCluster) stopMember(m *patroniMember) {
 	exec.Command("chroot", "--userspec="+c.ids, c.root, "/usr/lib/postgresql/18/bin/pg_ctl",
 		"-D", m.dataDir, "-m", "immediate", "-w", "stop").Run()
 	if c.t.Failed() {
-		b, _ := os.ReadFile(m.log)
-		if len(b) > 8000 {
-			b = b[len(b)-8000:]
+		for _, f := range []string{m.log, filepath.Join(c.root, c.dir, m.name+".out")} {
+			b, _ := os.ReadFile(f)
+			if len(b) > 6000 {
+				b = b[len(b)-6000:]
+			}
+			c.t.Logf("patroni %s, the end of %s:\n%s", m.name, filepath.Base(f), b)
 		}
-		c.t.Logf("patroni %s, the end of its log:\n%s", m.name, b)
 	}
 }
 
