@@ -25,7 +25,7 @@ import (
 func standbyOf(primary *pgCluster, name, via string) *pgCluster {
 	t := primary.t
 	t.Helper()
-	s := &pgCluster{t: t, bin: primary.bin, port: freePort(t)}
+	s := &pgCluster{t: t, bin: primary.bin}
 	s.dir = pgDataDir(t)
 	s.run("pg_basebackup", "-h", "127.0.0.1", "-p", strconv.Itoa(primary.port), "-U", "postgres",
 		"-D", s.dir, "-R", "-X", "stream", "-c", "fast", "--no-sync")
@@ -37,6 +37,7 @@ func standbyOf(primary *pgCluster, name, via string) *pgCluster {
 	}
 	fmt.Fprintf(f, "primary_conninfo = 'host=%s port=%s user=postgres application_name=%s'\n", host, port, name)
 	f.Close()
+	s.port = freePort(t) // chosen last: the less time before the server binds it, the better
 	s.start()
 	return s
 }

@@ -3,6 +3,8 @@ package integration
 import (
 	"bytes"
 	"fmt"
+	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -10,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -65,7 +68,7 @@ func newPatroniCluster(t *testing.T) *patroniCluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &patroniCluster{t: t, root: root, ids: u.Uid + ":" + u.Gid, etcd: freePort(t)}
+	c := &patroniCluster{t: t, root: root, ids: u.Uid + ":" + u.Gid, etcd: patroniPort(t)}
 	hostDir, err := os.MkdirTemp(filepath.Join(root, "tmp"), "tc-patroni-")
 	if err != nil {
 		t.Fatal(err)
@@ -78,7 +81,7 @@ func newPatroniCluster(t *testing.T) *patroniCluster {
 	}
 	c.dir = strings.TrimPrefix(hostDir, root)
 
-	peer := freePort(t)
+	peer := patroniPort(t)
 	etcd := c.start("etcd", filepath.Join(hostDir, "etcd.log"), "/usr/bin/etcd", "--name", "e1", "--data-dir", c.dir+"/etcd",
 		"--listen-client-urls", fmt.Sprintf("http://127.0.0.1:%d", c.etcd),
 		"--advertise-client-urls", fmt.Sprintf("http://127.0.0.1:%d", c.etcd),
@@ -89,7 +92,7 @@ func newPatroniCluster(t *testing.T) *patroniCluster {
 
 	scope := "tc-" + randomSuffix()
 	for i := 1; i <= 2; i++ {
-		m := &patroniMember{name: fmt.Sprintf("pg%d", i), pg: freePort(t), rest: freePort(t)}
+		m := &patroniMember{name: fmt.Sprintf("pg%d", i), pg: patroniPort(t), rest: patroniPort(t)}
 		m.dataDir = fmt.Sprintf("%s/%s", c.dir, m.name)
 		conf := fmt.Sprintf(patroniConfig, scope, m.name, c.dir+"/"+m.name+"-log", m.rest, m.rest, c.etcd, m.pg, m.pg, m.dataDir, c.dir, c.dir)
 		if err := os.Mkdir(filepath.Join(hostDir, m.name+"-log"), 0o755); err != nil {
@@ -282,6 +285,35 @@ func (c *patroniCluster) crash(m *patroniMember) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		c.t.Fatal(err)
 	}
+}
+
+var patroniPorts = struct {
+	sync.Mutex
+	given map[int]bool
+}{given: map[int]bool{}}
+
+// patroniPort returns a port below the kernel's range for outgoing
+// connections (32768 and up on Linux), free now. The members bind theirs
+// only after etcd and a base backup, up to a minute later, and meanwhile
+// the service's and the other tests' connections take ports of that range
+// by the thousand: one of them could take a port freePort chose.
+func patroniPort(t *testing.T) int {
+	t.Helper()
+	patroniPorts.Lock()
+	defer patroniPorts.Unlock()
+	for range 100 {
+		port := 20000 + rand.IntN(12000)
+		if patroniPorts.given[port] {
+			continue
+		}
+		if ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port)); err == nil {
+			patroniPorts.given[port] = true
+			ln.Close()
+			return port
+		}
+	}
+	t.Fatal("no free port between 20000 and 32000")
+	return 0
 }
 
 func (m *patroniMember) addr() string { return fmt.Sprintf("127.0.0.1:%d", m.pg) }
