@@ -20,8 +20,9 @@ import (
 type Config struct {
 	AMQPURL         string        `envconfig:"AMQP_URL" default:"amqp://guest:guest@localhost:5672/" desc:"RabbitMQ URL, vhost included; for a cluster, one URL per node, comma-separated, tried in turn (on loss the service moves to the next)"`
 	AMQPURLFile     string        `envconfig:"AMQP_URL_FILE" desc:"file holding AMQP_URL's value (e.g. a mounted secret), read again at each connect, so a rotated password needs no restart; not with AMQP_URL"`
-	DatabaseURL     string        `envconfig:"DATABASE_URL" default:"postgres://postgres@localhost:5432/transfers?sslmode=disable" desc:"PostgreSQL URL; the database is created if missing (when the user may and MIGRATE=true)"`
+	DatabaseURL     string        `envconfig:"DATABASE_URL" default:"postgres://postgres@localhost:5432/transfers?sslmode=disable" desc:"PostgreSQL URL, or libpq's key=value form; several hosts (postgres://u@h1:5432,h2:5432/db?target_session_attrs=read-write) are tried in turn; the database is created if missing (when the user may and MIGRATE=true)"`
 	DatabaseURLFile string        `envconfig:"DATABASE_URL_FILE" desc:"file holding DATABASE_URL's value, read again for each new connection, so a rotated password needs no restart; not with DATABASE_URL"`
+	RequireSync     bool          `envconfig:"REQUIRE_SYNC_STANDBY" default:"false" desc:"refuse to consume while the database names no synchronous standby (synchronous_standby_names), as a failover to an asynchronous standby may lose events already acked; read at each new connection and every 10 s, and /readyz says why"`
 	Migrate         bool          `envconfig:"MIGRATE" default:"true" desc:"apply missing migrations at start, when the role may; false never changes the database: the service only checks that the schema is current, and waits until it is"`
 	QueueCount      int           `envconfig:"QUEUE_COUNT" default:"8" desc:"partition queues PREFIX.0 … PREFIX.(N-1) bound to the hash exchange"`
 	Prefix          string        `envconfig:"TOPOLOGY_PREFIX" default:"transfers" desc:"name of the hash exchange and prefix of the queues, PREFIX.dlx and PREFIX.dlq"`

@@ -7,12 +7,13 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/url"
 	"os"
 	"strings"
 	"syscall"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"transferconsumer/db"
 )
 
 // The TLS files a connection URL names are read by the drivers only when
@@ -72,15 +73,15 @@ func checkAMQPTLSFiles(raw string) error {
 	return checkKeyPair("certfile", u.CertFile, "keyfile", u.KeyFile, false)
 }
 
-// checkPostgresTLSFiles checks the files a PostgreSQL URL names, as lib/pq
-// uses them: sslrootcert (unless "system"), and sslcert with sslkey, whose
-// mode lib/pq checks too. Inline PEM (sslinline=true) names no files.
+// checkPostgresTLSFiles checks the files a PostgreSQL setting names, in
+// either of libpq's forms, as lib/pq uses them: sslrootcert (unless
+// "system"), and sslcert with sslkey, whose mode lib/pq checks too. Inline
+// PEM (sslinline=true) names no files.
 func checkPostgresTLSFiles(raw string) error {
-	u, err := url.Parse(raw)
+	q, err := db.ParseDSN(raw)
 	if err != nil {
 		return nil // the URL check reports it
 	}
-	q := u.Query()
 	if q.Get("sslmode") == "disable" || q.Get("sslinline") == "true" {
 		return nil
 	}

@@ -127,6 +127,12 @@ func TestTLSFilesThatCannotBeUsedStopTheService(t *testing.T) {
 			`DATABASE_URL: sslrootcert "` + p.garbage + `": holds no PEM certificate`, false},
 		{"sslmode unset: lib/pq may still use them", okAMQP, pg("sslrootcert=" + p.garbage),
 			`DATABASE_URL: sslrootcert "` + p.garbage + `": holds no PEM certificate`, false},
+		{"several hosts", okAMQP, "postgres://u:" + pass + "@db1:5432,db2:5433/transfers?sslmode=verify-full&sslrootcert=" + p.missing,
+			`DATABASE_URL: sslrootcert "` + p.missing + `": cannot read it: no such file or directory`, false},
+		{"keyword form", okAMQP, "host=db1,db2 password=" + pass + " sslmode=verify-full sslrootcert='" + p.garbage + "'",
+			`DATABASE_URL: sslrootcert "` + p.garbage + `": holds no PEM certificate`, false},
+		{"keyword form, every file usable", okAMQP, "host=db1,db2 password=" + pass + " sslmode=verify-full sslrootcert=" + p.ca +
+			" sslcert=" + p.cert + " sslkey=" + p.key, "", false},
 		{"client certificate missing", okAMQP, pg("sslmode=verify-full&sslcert=" + p.missing + "&sslkey=" + p.key),
 			`DATABASE_URL: sslcert "` + p.missing + `": cannot read it: no such file or directory`, false},
 		{"client certificate without its key", okAMQP, pg("sslmode=verify-full&sslcert=" + p.cert),

@@ -10,6 +10,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"transferconsumer/db"
 	"transferconsumer/topology"
 )
 
@@ -73,16 +74,19 @@ func (c Config) Database() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	u, err := url.Parse(setting)
-	if err != nil {
-		return "", fmt.Errorf("%s: not a URL (%s)", name, urlProblem(err, quotable(setting, c.DatabaseURLFile)))
-	}
-	if (u.Scheme != "postgres" && u.Scheme != "postgresql") || u.Host == "" {
+	// Either of libpq's forms, one host or several (db.ParseDSN).
+	dsn, err := db.ParseDSN(setting)
+	switch {
+	case errors.Is(err, db.ErrNotPostgres), err == nil && dsn.IsURI() && len(dsn.Hosts()) == 0:
 		got := "the file holds something else"
 		if c.DatabaseURLFile == "" {
 			got = fmt.Sprintf("got %q", Redact(setting))
 		}
 		return "", fmt.Errorf("%s: want postgres://user@host:port/database?sslmode=…, %s", name, got)
+	case err != nil && (strings.Contains(setting, "://") || !strings.Contains(setting, "=")):
+		return "", fmt.Errorf("%s: not a URL (%s)", name, urlProblem(err, quotable(setting, c.DatabaseURLFile)))
+	case err != nil:
+		return "", fmt.Errorf("%s: not a connection string (%v)", name, err) // ParseDSN's quote no value
 	}
 	return setting, nil
 }

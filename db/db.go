@@ -8,6 +8,7 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -29,9 +30,22 @@ func Open(ctx context.Context, url string, maxConns int) (*sqlx.DB, error) {
 // and never quote the URL, which may hold the password.
 type Source func() (string, error)
 
-// OpenFrom is Open with the URL asked of src for each new connection.
-func OpenFrom(ctx context.Context, src Source, maxConns int) (*sqlx.DB, error) {
-	db := sqlx.NewDb(sql.OpenDB(connector{src}), "postgres")
+// Option changes how a pool's connections are made.
+type Option func(*connector)
+
+// WatchReplication reads the server's synchronous replication settings on
+// every new connection into w, and has every transaction refused while w
+// refuses.
+func WatchReplication(w *ReplicationWatch) Option { return func(c *connector) { c.watch = w } }
+
+// OpenFrom is Open with the URL asked of src for each new connection. The
+// URL may be either of libpq's forms, with one host or several (ParseDSN).
+func OpenFrom(ctx context.Context, src Source, maxConns int, opts ...Option) (*sqlx.DB, error) {
+	c := &connector{src: src}
+	for _, o := range opts {
+		o(c)
+	}
+	db := sqlx.NewDb(sql.OpenDB(c), "postgres")
 	db.SetMaxOpenConns(maxConns)
 	db.SetMaxIdleConns(maxConns)
 	db.SetConnMaxIdleTime(5 * time.Minute)
@@ -43,39 +57,60 @@ func OpenFrom(ctx context.Context, src Source, maxConns int) (*sqlx.DB, error) {
 }
 
 // connector is a driver.Connector that asks its Source for the URL each
-// time the pool opens a connection.
-type connector struct{ src Source }
+// time the pool opens a connection, and gives lib/pq the URL's keyword
+// form, which lib/pq reads right for several hosts too.
+type connector struct {
+	src   Source
+	watch *ReplicationWatch // nil: none
+}
 
-func (c connector) Connect(ctx context.Context) (driver.Conn, error) {
-	dsn, err := c.src()
+func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
+	raw, err := c.src()
 	if err != nil {
 		return nil, err
 	}
-	pc, err := pq.NewConnector(dsn)
+	dsn, err := ParseDSN(raw)
 	if err != nil {
-		return nil, fmt.Errorf("lib/pq does not accept the database URL%s", reasonWithoutSecret(err, dsn))
+		return nil, fmt.Errorf("the database URL does not parse%s", parseReason(err))
 	}
-	return pc.Connect(ctx)
+	pc, err := pq.NewConnector(dsn.Driver())
+	if err != nil {
+		return nil, fmt.Errorf("lib/pq does not accept the database URL%s", reasonWithoutSecret(err, raw))
+	}
+	dc, err := pc.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.watch.readOnConnect(ctx, dc); err != nil {
+		dc.Close()
+		return nil, err
+	}
+	return &conn{pc: dc, watch: c.watch}, nil
 }
 
-func (connector) Driver() driver.Driver { return &pq.Driver{} }
+// parseReason returns ": " and the reason of ParseDSN's err, unless it is
+// url.Parse's, which may quote a piece of a password that broke the URL.
+func parseReason(err error) string {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ""
+	}
+	return ": " + err.Error()
+}
+
+func (*connector) Driver() driver.Driver { return &pq.Driver{} }
 
 // reasonWithoutSecret returns ": " and err's text, when it holds no
-// password of dsn, a URL; else nothing. lib/pq's parse errors may quote the
-// URL it could not read.
-func reasonWithoutSecret(err error, dsn string) string {
-	u, perr := url.Parse(dsn)
-	if perr != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+// secret of raw, a connection setting in either form; else nothing.
+// lib/pq's parse errors may quote the setting it could not read.
+func reasonWithoutSecret(err error, raw string) string {
+	dsn, perr := ParseDSN(raw)
+	if perr != nil {
 		return "" // no telling which part is secret
 	}
 	var secrets []string
-	if p, ok := u.User.Password(); ok {
-		secrets = append(secrets, p, url.QueryEscape(p), url.PathEscape(p))
-	}
-	for k, vs := range u.Query() {
-		if strings.Contains(strings.ToLower(k), "password") {
-			secrets = append(secrets, vs...)
-		}
+	for _, p := range dsn.secrets() {
+		secrets = append(secrets, p, url.QueryEscape(p), url.PathEscape(p), valueQuoter.Replace(p))
 	}
 	msg := err.Error()
 	for _, s := range secrets {

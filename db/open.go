@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -21,16 +20,16 @@ import (
 // service's health endpoint says why it waits meanwhile. waiting, when
 // set, is told each failure. It returns only an open database, or ctx's
 // error when ctx ends first.
-func OpenWhenReady(ctx context.Context, src Source, create bool, maxConns int, b retry.Backoff, log *slog.Logger, waiting func(error)) (*sqlx.DB, error) {
+func OpenWhenReady(ctx context.Context, src Source, create bool, maxConns int, b retry.Backoff, log *slog.Logger, waiting func(error), opts ...Option) (*sqlx.DB, error) {
 	var th retry.Throttle
 	for attempt := 0; ; attempt++ {
-		db, err := OpenFrom(ctx, src, maxConns)
+		db, err := OpenFrom(ctx, src, maxConns, opts...)
 		if isMissingDatabase(err) && create {
 			if name, cerr := createDatabase(ctx, src); cerr != nil {
 				err = fmt.Errorf("%w; creating it failed too: %v", err, cerr)
 			} else {
 				log.Info("created database", "database", name)
-				db, err = OpenFrom(ctx, src, maxConns)
+				db, err = OpenFrom(ctx, src, maxConns, opts...)
 			}
 		}
 		if err == nil {
@@ -82,32 +81,24 @@ func isMissingDatabase(err error) bool {
 	return errors.As(err, &pqErr) && pqErr.Code == "3D000" // invalid_catalog_name
 }
 
-func databaseName(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || len(u.Path) < 2 {
-		return ""
-	}
-	return u.Path[1:]
-}
-
 // createDatabase connects to the maintenance database "postgres" on the
-// server src names, with the same credentials, and creates the database src
-// names; it returns that name.
+// server src names (the first of its hosts that answers as
+// target_session_attrs asks), with the same credentials, and creates the
+// database src names; it returns that name.
 func createDatabase(ctx context.Context, src Source) (string, error) {
 	raw, err := src()
 	if err != nil {
 		return "", err
 	}
-	u, err := url.Parse(raw)
+	dsn, err := ParseDSN(raw)
 	if err != nil {
 		return "", errors.New("the database URL does not parse")
 	}
-	name := databaseName(raw)
+	name := dsn.Get("dbname")
 	if name == "" {
 		return "", errors.New("the URL names no database")
 	}
-	u.Path = "/postgres"
-	admin, err := sqlx.Open("postgres", u.String())
+	admin, err := sqlx.Open("postgres", dsn.With("dbname", "postgres").Driver())
 	if err != nil {
 		return "", err
 	}

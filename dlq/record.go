@@ -56,7 +56,9 @@ type Record struct {
 // letter the broker can deliver makes a record JSON can write: a header
 // float that is NaN or infinite is written as the string "NaN", "+Inf" or
 // "-Inf", and a header time outside the years 0 to 9999 as its RFC 3339
-// text, which no JSON time takes.
+// text, which no JSON time takes. A property or header string that is not
+// UTF-8 is written with U+FFFD in place of its bad bytes (JSON's rule); the
+// body is kept byte for byte.
 func NewRecord(d amqp.Delivery, l Letter, queue string, at time.Time) Record {
 	r := Record{
 		DroppedAt: at.UTC(), Queue: queue, EventID: l.EventID, Class: l.Class, Reason: l.Reason,

@@ -29,6 +29,8 @@ type Health struct {
 	database atomic.Pointer[sqlx.DB]
 	starting atomic.Pointer[string]      // why the database is not ready yet, during start-up
 	schema   atomic.Pointer[schemaState] // nil until the schema was first checked
+	// replication says whether a failover may lose acked events
+	replication atomic.Pointer[db.ReplicationWatch]
 }
 
 // Database records the database, once it is open.
@@ -36,6 +38,9 @@ func (h *Health) Database(database *sqlx.DB) { h.database.Store(database) }
 
 // Service records the consumer, once it exists.
 func (h *Health) Service(svc *consumer.Service) { h.svc.Store(svc) }
+
+// Replication has /readyz say whether a failover may lose acked events.
+func (h *Health) Replication(w *db.ReplicationWatch) { h.replication.Store(w) }
 
 // schemaState is what start-up last found of the schema.
 type schemaState struct {
@@ -150,6 +155,11 @@ func (h *Health) readiness() (int, map[string]any) {
 	}
 	if !topologyReadiness(st.Topology, body) {
 		ready = false
+	}
+	if w := h.replication.Load(); w != nil {
+		detail, ok := w.Status()
+		body["replication"] = detail
+		ready = ready && ok
 	}
 	body["ready"] = ready
 	if !ready {
