@@ -3,14 +3,16 @@ package consumer
 import (
 	"context"
 	"time"
+
+	"transferconsumer/event"
 )
 
 // Applier applies one event in one local transaction, inbox claim and
 // business effect together. A redelivered event comes back as
 // Result{Duplicate: true} with a nil error. Errors are classified with
-// Poison, Conflict or Transient; anything else counts as unknown.
+// event.Poison, Conflict or Transient; anything else counts as unknown.
 type Applier interface {
-	Apply(ctx context.Context, ev Event) (Result, error)
+	Apply(ctx context.Context, ev event.Event) (event.Result, error)
 }
 
 // Lanes is implemented by an Applier that can give each worker a lane of
@@ -20,32 +22,20 @@ type Applier interface {
 type Lanes interface {
 	// Lane returns a lane that bounds each attempt by timeout itself and
 	// also ends it when the context given to Apply ends.
-	Lane(timeout time.Duration) Lane
+	Lane(timeout time.Duration) event.Lane
 }
 
-// Lane applies one worker's events, one at a time.
-type Lane interface {
-	Applier
-	Close() // releases what the lane holds; it is not used again
-}
-
-// BatchLane is a Lane that can apply several events in one local
-// transaction (adr/0006).
+// BatchLane is a lane (event.Lane) that can apply several events in one
+// local transaction (adr/0006).
 type BatchLane interface {
-	Lane
+	event.Lane
 	// ApplyBatch applies evs, in order, in one transaction, and returns one
 	// Outcome per event: its Result, or the error that event alone met (a
 	// producer conflict). An error for the whole batch means nothing of it
 	// was committed: the environment failed, or one of the events is one
 	// the database refuses (a contradicting transition, data it rejects),
 	// which the caller finds by splitting the batch.
-	ApplyBatch(ctx context.Context, evs []Event) ([]Outcome, error)
-}
-
-// Outcome is what applying one event of a batch did.
-type Outcome struct {
-	Result
-	Err error
+	ApplyBatch(ctx context.Context, evs []event.Event) ([]event.Outcome, error)
 }
 
 // Prober is implemented by an Applier that can tell, without an event,
@@ -55,12 +45,4 @@ type Outcome struct {
 // once per consumer timeout (adr/0002).
 type Prober interface {
 	Probe(ctx context.Context) error
-}
-
-// Result is what applying an event did.
-type Result struct {
-	Duplicate bool // the event had been applied before; nothing changed
-	// Outbox: the transaction left a dead letter to publish after the
-	// commit (see Outbox).
-	Outbox bool
 }

@@ -9,6 +9,8 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+
+	"transferconsumer/event"
 )
 
 // apply makes one attempt at the events of slots, in one transaction,
@@ -18,8 +20,8 @@ import (
 // outcome, not the attempt's failure. A panic is recovered as ClassPanic,
 // logged with its stack, and the lane, which it may have left inside a
 // transaction, is replaced.
-func (w *worker) apply(session context.Context, slots []*slot) (outs []Outcome, err error) {
-	evs := make([]Event, len(slots))
+func (w *worker) apply(session context.Context, slots []*slot) (outs []event.Outcome, err error) {
+	evs := make([]event.Event, len(slots))
 	for i, s := range slots {
 		evs[i] = s.Event
 	}
@@ -40,20 +42,20 @@ func (w *worker) apply(session context.Context, slots []*slot) (outs []Outcome, 
 	}()
 	if len(evs) == 1 {
 		res, err := w.attempt(evs[0])
-		if ClassOf(session, err) == ClassConflict {
-			return []Outcome{{Err: err}}, nil
+		if event.ClassOf(session, err) == event.ClassConflict {
+			return []event.Outcome{{Err: err}}, nil
 		}
 		if err != nil {
 			return nil, err
 		}
-		return []Outcome{{Result: res}}, nil
+		return []event.Outcome{{Result: res}}, nil
 	}
 	bl, ok := w.lane.(BatchLane)
 	if !ok {
-		outs = make([]Outcome, len(evs))
+		outs = make([]event.Outcome, len(evs))
 		for i, ev := range evs {
 			if outs[i].Result, outs[i].Err = w.attempt(ev); outs[i].Err != nil &&
-				ClassOf(context.Background(), outs[i].Err) != ClassConflict {
+				event.ClassOf(context.Background(), outs[i].Err) != event.ClassConflict {
 				return nil, outs[i].Err
 			}
 		}
@@ -84,7 +86,7 @@ func (w *worker) tracedContext() context.Context {
 }
 
 // attempt applies ev once, within ApplyTimeout and while work lasts.
-func (w *worker) attempt(ev Event) (Result, error) {
+func (w *worker) attempt(ev event.Event) (event.Result, error) {
 	if t := w.svc.cfg.Tracer; t != nil {
 		span := startTransaction(t, w.tracedContext())
 		res, err := w.attemptOnce(ev)
@@ -98,7 +100,7 @@ func (w *worker) attempt(ev Event) (Result, error) {
 	return w.attemptOnce(ev)
 }
 
-func (w *worker) attemptOnce(ev Event) (Result, error) {
+func (w *worker) attemptOnce(ev event.Event) (event.Result, error) {
 	if w.lane != nil {
 		res, err := w.lane.Apply(w.work, ev) // the lane keeps the timeout itself
 		return res, w.cut(err)
@@ -128,7 +130,7 @@ func (w *worker) panicked(eventID string, p any) error {
 			"queue", w.queue, "event_id", eventID, "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
 	}
 	w.renewLane()
-	return &classified{class: ClassPanic, err: fmt.Errorf("panic: %v", p)}
+	return event.Panicked(fmt.Errorf("panic: %v", p))
 }
 
 // renewLane replaces the worker's lane after a panic.

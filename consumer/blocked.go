@@ -7,6 +7,7 @@ import (
 	"sort"
 	"time"
 
+	"transferconsumer/event"
 	"transferconsumer/retry"
 )
 
@@ -18,10 +19,10 @@ import (
 type Blocked struct {
 	Queue    string
 	EventID  string
-	TraceID  string    // the delivery's, when known
-	Since    time.Time // the first failed attempt
-	Class    Class     // ClassTransient, ClassUnknown or ClassPanic
-	Reason   string    // the last error
+	TraceID  string      // the delivery's, when known
+	Since    time.Time   // the first failed attempt
+	Class    event.Class // ClassTransient, ClassUnknown or ClassPanic
+	Reason   string      // the last error
 	Attempts int
 }
 
@@ -59,9 +60,9 @@ func logBlocked(log *slog.Logger, th *retry.Throttle, b Blocked, delay time.Dura
 	}
 	level, msg := slog.LevelWarn, "queue blocked: the environment failed, retrying the message in place"
 	switch b.Class {
-	case ClassUnknown:
+	case event.ClassUnknown:
 		level, msg = slog.LevelError, "queue blocked: unclassified failure, retrying the message in place until it is fixed"
-	case ClassPanic:
+	case event.ClassPanic:
 		level, msg = slog.LevelError, "queue blocked: handling the message panicked, retrying it in place"
 	}
 	if changed {
@@ -94,7 +95,7 @@ func (w *worker) reportBlocked(attempt int, delay time.Duration) {
 	} else if len(w.core.slots) > 0 {
 		b.EventID = w.eventID(w.core.slots[0])
 	}
-	b.Attempts, b.Class, b.Reason = attempt+1, ClassOf(context.Background(), err), err.Error()
+	b.Attempts, b.Class, b.Reason = attempt+1, event.ClassOf(context.Background(), err), err.Error()
 	w.svc.setBlocked(*b)
 	logBlocked(w.svc.log, &w.th, *b, delay)
 	if w.svc.cfg.ObserveRetry != nil {

@@ -8,6 +8,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"go.opentelemetry.io/otel/trace"
 
+	"transferconsumer/event"
 	"transferconsumer/retry"
 	"transferconsumer/topology"
 )
@@ -86,8 +87,8 @@ type Decision struct {
 	EventType     string // the body's eventType when it is a known one, else the type property
 	TraceID       string // the delivery's trace, when tracing is on or the message carries a traceparent
 	Redelivered   bool
-	DeliveryCount int64 // x-delivery-count: 0 on the first delivery
-	Class         Class // "" when the event was applied or was a duplicate
+	DeliveryCount int64       // x-delivery-count: 0 on the first delivery
+	Class         event.Class // "" when the event was applied or was a duplicate
 	Action        Action
 	Duplicate     bool
 	Retries       int // transient failures retried in place

@@ -1,6 +1,10 @@
 package consumer
 
-import "context"
+import (
+	"context"
+
+	"transferconsumer/event"
+)
 
 // The decisions about one queue's deliveries, as a plain value without I/O
 // (see adr/0002 and adr/0006), the way etcd's raft keeps its state
@@ -73,9 +77,9 @@ func (f fate) final() bool { return f == fateAck || f == fateCopied || f == fate
 // keeps the delivery itself, its span and its start by Tag.
 type slot struct {
 	Tag   uint64
-	Event Event // decoded, unless Err says why it could not be
+	Event event.Event // decoded, unless Err says why it could not be
 	Fate  fate
-	Class Class // why it is not simply applied ("" when it was)
+	Class event.Class // why it is not simply applied ("" when it was)
 	Err   error
 	// Duplicate and Outbox are what applying it did.
 	Duplicate, Outbox bool
@@ -118,8 +122,8 @@ type command struct {
 type settlement struct {
 	Slot   *slot
 	Action Action
-	Class  Class // "" when acked after its commit
-	Err    error // why it is not simply acked; nil when it is
+	Class  event.Class // "" when acked after its commit
+	Err    error       // why it is not simply acked; nil when it is
 }
 
 // copyFact is what became of a dead letter's copy, or of its parking.
@@ -201,7 +205,7 @@ func (c *core) pending() []*slot {
 // applied takes the outcome of the attempt under way: one Outcome per
 // event when the transaction committed, else the error (of class) that
 // failed it whole.
-func (c *core) applied(outs []Outcome, err error, class Class) {
+func (c *core) applied(outs []event.Outcome, err error, class event.Class) {
 	var tried []*slot
 	for _, s := range c.slots {
 		if s.Fate == fateApplying {
@@ -214,7 +218,7 @@ func (c *core) applied(outs []Outcome, err error, class Class) {
 		for i, s := range tried {
 			o := outs[i]
 			if o.Err != nil { // a producer conflict: that event's own fault
-				s.Fate, s.Err, s.Class = fateLetter, o.Err, ClassOf(context.Background(), o.Err)
+				s.Fate, s.Err, s.Class = fateLetter, o.Err, event.ClassOf(context.Background(), o.Err)
 				continue
 			}
 			s.Fate, s.Duplicate, s.Outbox = fateAck, o.Duplicate, o.Outbox
@@ -243,7 +247,7 @@ func (c *core) applied(outs []Outcome, err error, class Class) {
 		}
 		return
 	}
-	if class == ClassPanic {
+	if class == event.ClassPanic {
 		if n > 1 {
 			c.span = n // split, like the message's own fault
 			return
@@ -285,7 +289,7 @@ func (c *core) copied(f copyFact, err error) {
 	case factConfirmed, factParked:
 		s.Fate, s.Park = fateCopied, false
 		c.failures, c.lastErr, c.backoff = 0, nil, false
-		if s.Class == ClassPanic {
+		if s.Class == event.ClassPanic {
 			c.blame = false
 		}
 	case factRefused:

@@ -1,5 +1,7 @@
 package consumer
 
+import "transferconsumer/event"
+
 // next returns the one command to carry out now: cmdNone while a command
 // under way has not reported back or nothing is to be done until a
 // delivery arrives.
@@ -62,7 +64,7 @@ func (c *core) work(head []*slot, mayLinger bool) (command, bool) {
 	if letter == nil && len(pending) == 0 {
 		return command{}, false
 	}
-	if letter != nil && letter.Class == ClassPanic && letter.Panics == 0 && !c.blame {
+	if letter != nil && letter.Class == event.ClassPanic && letter.Panics == 0 && !c.blame {
 		// Decoding it panicked, right after another panic's dead letter:
 		// the service is broken, not the message. It waits in place.
 		if !c.backoff {
@@ -149,7 +151,7 @@ func settlements(slots ...*slot) []settlement {
 		default: // fateReturn
 			d.Action, d.Class, d.Err = ActionRequeue, s.Class, s.Err
 			if d.Class == "" {
-				d.Class = ClassShutdown // returned unapplied, not for its own fault
+				d.Class = event.ClassShutdown // returned unapplied, not for its own fault
 			}
 			if d.Err == nil {
 				d.Err = errReturned

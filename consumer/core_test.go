@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"transferconsumer/event"
 )
 
 // A few schedules of the core spelled out, as a reader would follow them;
@@ -13,7 +15,7 @@ import (
 // drive feeds the core and records the commands it gives, answering each
 // apply with result(tags) and each copy with copied. It stops at cmdNone
 // or cmdDone.
-func drive(c *core, result func(tags []uint64) ([]Outcome, error, Class)) []string {
+func drive(c *core, result func(tags []uint64) ([]event.Outcome, error, event.Class)) []string {
 	var log []string
 	for i := 0; i < 100; i++ {
 		cmd := c.next()
@@ -52,26 +54,28 @@ func drive(c *core, result func(tags []uint64) ([]Outcome, error, Class)) []stri
 
 func deliverN(c *core, n int, bad ...uint64) {
 	for tag := uint64(1); tag <= uint64(n); tag++ {
-		s := &slot{Tag: tag, Event: Event{ID: fmt.Sprint(tag)}}
+		s := &slot{Tag: tag, Event: event.Event{ID: fmt.Sprint(tag)}}
 		for _, b := range bad {
 			if b == tag {
-				s.Err, s.Class = Poison(errors.New("not JSON")), ClassPoison
+				s.Err, s.Class = event.Poison(errors.New("not JSON")), event.ClassPoison
 			}
 		}
 		c.deliver(s)
 	}
 }
 
-func ok(tags []uint64) ([]Outcome, error, Class) { return make([]Outcome, len(tags)), nil, "" }
+func ok(tags []uint64) ([]event.Outcome, error, event.Class) {
+	return make([]event.Outcome, len(tags)), nil, ""
+}
 
 func TestCoreSchedules(t *testing.T) {
-	transient := Transient(errors.New("connection refused"))
+	transient := event.Transient(errors.New("connection refused"))
 	tests := []struct {
 		name   string
 		max    int
 		n      int
 		poison []uint64
-		result func(c *core, tags []uint64) ([]Outcome, error, Class)
+		result func(c *core, tags []uint64) ([]event.Outcome, error, event.Class)
 		want   string
 		prefix bool // want is how it starts; it goes on the same way
 	}{
@@ -80,47 +84,47 @@ func TestCoreSchedules(t *testing.T) {
 		{name: "poison is copied, the rest applied, one ack covers both", max: 50, n: 3, poison: []uint64{2},
 			want: "copy [2]; apply [1 3]; ack 3 multiple=true; none"},
 		{name: "an event the database refuses is found by halves; only it is dead-lettered", max: 50, n: 4,
-			result: func(_ *core, tags []uint64) ([]Outcome, error, Class) {
+			result: func(_ *core, tags []uint64) ([]event.Outcome, error, event.Class) {
 				for _, tag := range tags {
 					if tag == 3 {
-						return nil, Rejected(errors.New("22003")), ClassRejected
+						return nil, event.Rejected(errors.New("22003")), event.ClassRejected
 					}
 				}
-				return make([]Outcome, len(tags)), nil, ""
+				return make([]event.Outcome, len(tags)), nil, ""
 			},
 			want: "apply [1 2 3 4]; apply [1 2]; ack 2 multiple=true; apply [3]; copy [3]; ack 3 multiple=false; apply [4]; ack 4 multiple=false; none"},
 		{name: "the environment fails a batch: retried in place with half as many", max: 50, n: 4,
-			result: func(c *core, tags []uint64) ([]Outcome, error, Class) {
+			result: func(c *core, tags []uint64) ([]event.Outcome, error, event.Class) {
 				if len(tags) > 2 {
-					return nil, transient, ClassTransient
+					return nil, transient, event.ClassTransient
 				}
-				return make([]Outcome, len(tags)), nil, ""
+				return make([]event.Outcome, len(tags)), nil, ""
 			},
 			want: "apply [1 2 3 4]; wait; apply [1 2]; ack 2 multiple=true; apply [3 4]; ack 4 multiple=true; none"},
 		{name: "a panic is retried in place, then dead-lettered; the event behind waits for it", max: 1, n: 2,
-			result: func(_ *core, tags []uint64) ([]Outcome, error, Class) {
+			result: func(_ *core, tags []uint64) ([]event.Outcome, error, event.Class) {
 				if tags[0] == 1 {
-					return nil, &classified{class: ClassPanic, err: errors.New("panic: boom")}, ClassPanic
+					return nil, event.Panicked(errors.New("panic: boom")), event.ClassPanic
 				}
-				return make([]Outcome, len(tags)), nil, ""
+				return make([]event.Outcome, len(tags)), nil, ""
 			},
 			want: "apply [1]; wait; apply [1]; wait; apply [1]; copy [1]; ack 1 multiple=false; apply [2]; ack 2 multiple=false; none"},
 		{name: "a second panic with nothing applied since is the service's: it stays in place", max: 1, n: 2,
-			result: func(_ *core, tags []uint64) ([]Outcome, error, Class) {
-				return nil, &classified{class: ClassPanic, err: errors.New("panic: boom")}, ClassPanic
+			result: func(_ *core, tags []uint64) ([]event.Outcome, error, event.Class) {
+				return nil, event.Panicked(errors.New("panic: boom")), event.ClassPanic
 			},
 			want: "apply [1]; wait; apply [1]; wait; apply [1]; copy [1]; ack 1 multiple=false; " +
 				strings.Repeat("apply [2]; wait; ", 10), prefix: true},
 		{name: "the session ends while the environment fails: nothing more applied, all returned by the close", max: 50, n: 3,
-			result: func(c *core, tags []uint64) ([]Outcome, error, Class) {
+			result: func(c *core, tags []uint64) ([]event.Outcome, error, event.Class) {
 				c.end()
-				return nil, transient, ClassTransient
+				return nil, transient, event.ClassTransient
 			},
 			want: "apply [1 2 3]; close returning [1 2 3]; done"},
 		{name: "the session ends after a commit: ack what committed, return the rest", max: 2, n: 3,
-			result: func(c *core, tags []uint64) ([]Outcome, error, Class) {
+			result: func(c *core, tags []uint64) ([]event.Outcome, error, event.Class) {
 				c.end()
-				return make([]Outcome, len(tags)), nil, ""
+				return make([]event.Outcome, len(tags)), nil, ""
 			},
 			want: "apply [1 2]; ack 2 multiple=true; close returning [3]; done"},
 	}
@@ -128,7 +132,7 @@ func TestCoreSchedules(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := newCore(tt.max, false)
 			deliverN(c, tt.n, tt.poison...)
-			result := func(tags []uint64) ([]Outcome, error, Class) {
+			result := func(tags []uint64) ([]event.Outcome, error, event.Class) {
 				if tt.result == nil {
 					return ok(tags)
 				}
@@ -157,7 +161,7 @@ func TestCoreRejectsARefusedCopyBeforeTheAck(t *testing.T) {
 		case cmdCopy:
 			c.copied(factRefused, errors.New("nacked"))
 		case cmdApply:
-			c.applied(make([]Outcome, len(cmd.Slots)), nil, "")
+			c.applied(make([]event.Outcome, len(cmd.Slots)), nil, "")
 		case cmdAck:
 			if cmd.Tag != 3 || !cmd.Multiple {
 				t.Errorf("ack %d multiple=%v, want 3 multiple", cmd.Tag, cmd.Multiple)
@@ -237,7 +241,7 @@ func TestCoreSettlesNothingAfterTheBrokersCancel(t *testing.T) {
 		t.Fatalf("first command %v, want apply", cmd.Kind)
 	}
 	c.cancel()
-	c.applied(make([]Outcome, 3), nil, "")
+	c.applied(make([]event.Outcome, 3), nil, "")
 	cmd := c.next()
 	if cmd.Kind != cmdClose || len(cmd.Settled) != 3 {
 		t.Fatalf("after the cancel: %v settling %d, want close returning all 3", cmd.Kind, len(cmd.Settled))

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"transferconsumer/event"
 )
 
 // mdb is the database: the inbox, each account's balance and last applied
@@ -32,7 +34,7 @@ type mdb struct {
 
 // parkedLetter is a row of dead_letter_outbox a worker parked.
 type parkedLetter struct {
-	l   OutboxLetter
+	l   event.OutboxLetter
 	gen int
 	// held: the row is locked while the publish an alarm cut short is
 	// unanswered (db.Inbox.holdParked): the drain passes over it.
@@ -45,7 +47,7 @@ func newMDB() *mdb {
 }
 
 // message is the message ev was decoded from, known by its transfer.
-func (d *mdb) message(ev Event) *mmsg {
+func (d *mdb) message(ev event.Event) *mmsg {
 	seq, err := strconv.Atoi(ev.Transfer.ID[len(ev.Transfer.ID)-12:])
 	if err != nil || seq >= len(d.msgs) {
 		d.t.Fatalf("event %s: not one the model published", ev.ID)
@@ -64,12 +66,12 @@ func (d *mdb) parkedFor(id string) bool {
 
 // apply applies evs in one transaction. It panics as the code under a bug
 // would; the worker recovers.
-func (d *mdb) apply(evs []Event) ([]Outcome, error) {
+func (d *mdb) apply(evs []event.Event) ([]event.Outcome, error) {
 	switch {
 	case d.down:
-		return nil, Transient(errors.New("database down"))
+		return nil, event.Transient(errors.New("database down"))
 	case d.slowOver > 0 && len(evs) > d.slowOver:
-		return nil, Transient(errors.New("canceling statement due to statement timeout"))
+		return nil, event.Transient(errors.New("canceling statement due to statement timeout"))
 	case d.unknown:
 		return nil, errors.New("an error nobody classified")
 	case d.bug:
@@ -83,16 +85,16 @@ func (d *mdb) apply(evs []Event) ([]Outcome, error) {
 			d.panicked[m.id] = true
 			panic("boom")
 		case m.kind == rejected:
-			return nil, Rejected(errors.New("value out of range"))
+			return nil, event.Rejected(errors.New("value out of range"))
 		case m.kind == transition:
-			return nil, Transition(errors.New("completed after failed"))
+			return nil, event.Transition(errors.New("completed after failed"))
 		}
 	}
-	outs := make([]Outcome, len(evs))
+	outs := make([]event.Outcome, len(evs))
 	for i, ev := range evs {
 		m := d.message(ev)
 		if m.kind == conflict {
-			outs[i].Err = Conflict(errors.New("same eventId, other content"))
+			outs[i].Err = event.Conflict(errors.New("same eventId, other content"))
 			continue
 		}
 		if d.applied[ev.ID] > 0 { // the inbox: keyed by the eventId
@@ -110,7 +112,7 @@ func (d *mdb) apply(evs []Event) ([]Outcome, error) {
 	}
 	if d.lostCommits && d.r(3) == 0 {
 		d.logf("the answer to the COMMIT of %d events from %s is lost", len(evs), evs[0].ID)
-		return nil, Transient(errors.New("connection reset by peer (after COMMIT)"))
+		return nil, event.Transient(errors.New("connection reset by peer (after COMMIT)"))
 	}
 	return outs, nil
 }
@@ -122,29 +124,29 @@ type mapp struct {
 	rp *replica
 }
 
-func (a *mapp) Apply(ctx context.Context, ev Event) (Result, error) {
-	outs, err := a.attempt(ctx, []Event{ev})
+func (a *mapp) Apply(ctx context.Context, ev event.Event) (event.Result, error) {
+	outs, err := a.attempt(ctx, []event.Event{ev})
 	if err != nil {
-		return Result{}, err
+		return event.Result{}, err
 	}
 	return outs[0].Result, outs[0].Err
 }
 
-func (a *mapp) ApplyBatch(ctx context.Context, evs []Event) ([]Outcome, error) {
+func (a *mapp) ApplyBatch(ctx context.Context, evs []event.Event) ([]event.Outcome, error) {
 	return a.attempt(ctx, evs)
 }
 
 // attempt is one transaction. Now and then a SIGTERM arrives during it
 // and outlasts SHUTDOWN_TIMEOUT: the statement is cancelled, nothing
 // committed.
-func (a *mapp) attempt(ctx context.Context, evs []Event) ([]Outcome, error) {
+func (a *mapp) attempt(ctx context.Context, evs []event.Event) ([]event.Outcome, error) {
 	if a.rp.ended {
 		a.s.t.Fatalf("replica %d applies after its session ended", a.rp.id)
 	}
 	if ctx.Err() == nil && !a.s.calm && a.s.r.IntN(60) == 0 {
 		a.s.logf("r%d: SIGTERM during an attempt, which outlasts SHUTDOWN_TIMEOUT", a.rp.id)
 		a.s.endSession(a.rp)
-		a.rp.endWork(ErrShutdown)
+		a.rp.endWork(event.ErrShutdown)
 	}
 	if ctx.Err() != nil {
 		return nil, errors.New("canceling statement due to user request")
@@ -154,13 +156,13 @@ func (a *mapp) attempt(ctx context.Context, evs []Event) ([]Outcome, error) {
 	return outs, err
 }
 
-func (a *mapp) Lane(time.Duration) Lane { return a }
-func (a *mapp) Close()                  {}
+func (a *mapp) Lane(time.Duration) event.Lane { return a }
+func (a *mapp) Close()                        {}
 
 // Park keeps l in the outbox; it fails while the database is down.
-func (a *mapp) Park(ctx context.Context, l OutboxLetter) error {
+func (a *mapp) Park(ctx context.Context, l event.OutboxLetter) error {
 	if a.s.db.down {
-		return Transient(errors.New("database down"))
+		return event.Transient(errors.New("database down"))
 	}
 	a.s.logf("r%d parks the letter of %s (held: %v)", a.rp.id, l.EventID, l.Abandoned != nil)
 	a.rp.alarmCopies = 0
@@ -172,10 +174,10 @@ func (a *mapp) Park(ctx context.Context, l OutboxLetter) error {
 
 // DrainOutbox hands the parked letters, oldest first, to publish, passing
 // over those held; it stops at the first that fails.
-func (a *mapp) DrainOutbox(ctx context.Context, publish func(OutboxLetter) error) (int, error) {
+func (a *mapp) DrainOutbox(ctx context.Context, publish func(event.OutboxLetter) error) (int, error) {
 	d := a.s.db
 	if d.down {
-		return 0, Transient(errors.New("database down"))
+		return 0, event.Transient(errors.New("database down"))
 	}
 	n := 0
 	var keep []*parkedLetter

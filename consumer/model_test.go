@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"transferconsumer/event"
 )
 
 // The real worker (worker.go, with its core, core.go) against a model of a
@@ -238,7 +240,7 @@ func (b *broker) blame(m *mmsg, class string, gen int) {
 	if m.kind.causedByMessage() || m.bugged {
 		return
 	}
-	if class != string(ClassPanic) || !b.db.bugSeen || b.bugByGen[gen] > 0 {
+	if class != string(event.ClassPanic) || !b.db.bugSeen || b.bugByGen[gen] > 0 {
 		b.t.Fatalf("event %d (%v) dead-lettered (%s) though the message did not cause it", m.seq, m.kind, class)
 	}
 	b.bugByGen[gen]++

@@ -10,18 +10,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"transferconsumer/dlq"
+	"transferconsumer/event"
 )
-
-// Message is what a delivery carried besides its decoded event: what a dead
-// letter of it needs, should the database decide so after the delivery was
-// acked (a transition that waited for its creation and then contradicts it).
-type Message struct {
-	RoutingKey  string
-	Body        []byte
-	Headers     amqp.Table
-	MessageID   string
-	ContentType string
-}
 
 // Outbox is implemented by an Applier whose transactions may leave dead
 // letters behind, to be published after the commit: a row a transaction
@@ -30,24 +20,7 @@ type Message struct {
 type Outbox interface {
 	// DrainOutbox hands each waiting letter to publish and forgets it once
 	// publish returned nil. It returns how many it published.
-	DrainOutbox(ctx context.Context, publish func(OutboxLetter) error) (int, error)
-}
-
-// OutboxLetter is a dead letter a transaction left behind, or one the
-// service parked during a broker alarm (Parker).
-type OutboxLetter struct {
-	EventID, EventType, Class, Reason  string
-	RoutingKey, MessageID, ContentType string
-	Body                               []byte
-	Headers                            []byte    // JSON, as HeadersJSON wrote it
-	Queue                              string    // where it failed, when known
-	At                                 time.Time // when it failed, when known
-	Parked                             bool      // by a worker, which already logged its decision
-	// Abandoned, when a worker parks a letter whose publish an alarm cut
-	// short, brings that publish's answer (nil: confirmed): the parker
-	// keeps the letter from the drain until it comes, and drops it when it
-	// is a confirm, so that the DLQ does not hold the letter twice.
-	Abandoned <-chan error
+	DrainOutbox(ctx context.Context, publish func(event.OutboxLetter) error) (int, error)
 }
 
 // Parker is implemented by an Applier that can keep a dead letter until
@@ -58,48 +31,7 @@ type OutboxLetter struct {
 // crash or a lost database connection meanwhile lets it out early (the
 // DLQ may then hold it twice, never zero times).
 type Parker interface {
-	Park(ctx context.Context, l OutboxLetter) error
-}
-
-// HeadersJSON returns the headers of a message as a JSON object, for the
-// database to keep: strings, numbers, booleans, times and nested tables as
-// such, anything else as its text. The broker's own x-delivery-count is left
-// out.
-func HeadersJSON(headers amqp.Table) []byte {
-	if len(headers) == 0 {
-		return nil
-	}
-	b, err := json.Marshal(jsonable(headers))
-	if err != nil {
-		return nil
-	}
-	return b
-}
-
-func jsonable(v any) any {
-	switch v := v.(type) {
-	case amqp.Table:
-		m := make(map[string]any, len(v))
-		for k, x := range v {
-			if k != "x-delivery-count" {
-				m[k] = jsonable(x)
-			}
-		}
-		return m
-	case []any:
-		out := make([]any, len(v))
-		for i, x := range v {
-			out[i] = jsonable(x)
-		}
-		return out
-	case string, bool, int, int8, int16, int32, int64, uint8, uint16, uint32, uint64, float32, float64, nil:
-		return v
-	case time.Time:
-		return v.UTC().Format(time.RFC3339Nano)
-	case []byte:
-		return string(v)
-	}
-	return fmt.Sprint(v)
+	Park(ctx context.Context, l event.OutboxLetter) error
 }
 
 // tableFromJSON is the way back: JSON numbers that are whole become int64.
@@ -149,7 +81,7 @@ func (s *Service) drainOutbox(ctx context.Context, queue string, publish func(ex
 	if !ok {
 		return
 	}
-	_, err := ob.DrainOutbox(ctx, func(l OutboxLetter) error {
+	_, err := ob.DrainOutbox(ctx, func(l event.OutboxLetter) error {
 		start := time.Now()
 		d := amqp.Delivery{
 			Exchange: s.cfg.Topology.Prefix, RoutingKey: l.RoutingKey, Body: l.Body, Headers: tableFromJSON(l.Headers),
@@ -170,7 +102,7 @@ func (s *Service) drainOutbox(ctx context.Context, queue string, publish func(ex
 			s.log.Info("parked dead letter published", "queue", failure.Queue, "event_id", l.EventID, "class", l.Class)
 			return nil
 		}
-		dec := Decision{Queue: failure.Queue, EventID: l.EventID, EventType: l.EventType, Class: Class(l.Class),
+		dec := Decision{Queue: failure.Queue, EventID: l.EventID, EventType: l.EventType, Class: event.Class(l.Class),
 			Action: ActionDeadLetter, Err: fmt.Errorf("%s", l.Reason), Duration: time.Since(start)}
 		s.logDecision(dec, nil)
 		if s.cfg.Observe != nil {

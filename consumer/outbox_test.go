@@ -6,6 +6,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"transferconsumer/event"
 )
 
 // Headers kept for a dead letter come back as they went, whole numbers as
@@ -20,10 +22,10 @@ func TestHeadersSurviveTheDatabase(t *testing.T) {
 		"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "n": int64(7), "ok": true,
 		"nested": amqp.Table{"k": "v"}, "list": []any{"a", int64(2)}, "at": "2026-07-10T12:00:00Z",
 	}
-	if got := tableFromJSON(HeadersJSON(in)); !reflect.DeepEqual(got, want) {
+	if got := tableFromJSON(event.HeadersJSON(in)); !reflect.DeepEqual(got, want) {
 		t.Errorf("got %#v\nwant %#v", got, want)
 	}
-	if HeadersJSON(nil) != nil || tableFromJSON(nil) != nil {
+	if event.HeadersJSON(nil) != nil || tableFromJSON(nil) != nil {
 		t.Error("no headers should stay none")
 	}
 }

@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"transferconsumer/dlq"
+	"transferconsumer/event"
 )
 
 // Producers is the allow-list of the broker users whose events may move
@@ -99,13 +100,13 @@ func (p *Producers) Admit(userID string, headers amqp.Table) (amqp.Table, error)
 	}
 	switch {
 	case by == "" && producer == "":
-		return out, Unauthorized(fmt.Errorf("no user_id property: the publisher is unknown, and only the users in PRODUCERS may publish transfers"))
+		return out, event.Unauthorized(fmt.Errorf("no user_id property: the publisher is unknown, and only the users in PRODUCERS may publish transfers"))
 	case by == "":
-		return out, Unauthorized(fmt.Errorf("user_id %s is not in PRODUCERS", quote(producer)))
+		return out, event.Unauthorized(fmt.Errorf("user_id %s is not in PRODUCERS", event.Quote(producer)))
 	case producer == "":
-		return out, Unauthorized(fmt.Errorf("replayed by %s with no %s: the first producer is unknown", quote(by), dlq.HeaderOriginalUser))
+		return out, event.Unauthorized(fmt.Errorf("replayed by %s with no %s: the first producer is unknown", event.Quote(by), dlq.HeaderOriginalUser))
 	default:
-		return out, Unauthorized(fmt.Errorf("first published by %s (replayed by %s), which is not in PRODUCERS", quote(producer), quote(by)))
+		return out, event.Unauthorized(fmt.Errorf("first published by %s (replayed by %s), which is not in PRODUCERS", event.Quote(producer), event.Quote(by)))
 	}
 }
 

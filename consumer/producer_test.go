@@ -8,6 +8,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"transferconsumer/dlq"
+	"transferconsumer/event"
 )
 
 // Each way a message can show its producer, judged against one allow-list:
@@ -64,13 +65,13 @@ func TestProducersAdmit(t *testing.T) {
 				}
 				return
 			}
-			if c := ClassOf(context.Background(), err); c != ClassUnauthorized {
+			if c := event.ClassOf(context.Background(), err); c != event.ClassUnauthorized {
 				t.Fatalf("class %q (%v), want unauthorized", c, err)
 			}
 			if !strings.Contains(err.Error(), tt.reason) {
 				t.Errorf("reason %q, want it to say %q", err, tt.reason)
 			}
-			if decide(ClassOf(context.Background(), err)) != ActionDeadLetter {
+			if decide(event.ClassOf(context.Background(), err)) != ActionDeadLetter {
 				t.Error("an unauthorized message is not dead-lettered")
 			}
 		})

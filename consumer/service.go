@@ -16,6 +16,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"transferconsumer/event"
 	"transferconsumer/retry"
 	"transferconsumer/topology"
 )
@@ -119,10 +120,10 @@ func (s *Service) Run(ctx context.Context) error {
 	go func() {
 		select {
 		case <-ctx.Done():
-			cancelStop(ErrShutdown)
+			cancelStop(event.ErrShutdown)
 			select {
 			case <-time.After(s.cfg.ShutdownTimeout):
-				cancelWork(ErrShutdown)
+				cancelWork(event.ErrShutdown)
 			case <-work.Done():
 			}
 		case <-work.Done():

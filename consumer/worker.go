@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"transferconsumer/dlq"
+	"transferconsumer/event"
 	"transferconsumer/retry"
 )
 
@@ -29,7 +30,7 @@ type worker struct {
 	deliveries <-chan amqp.Delivery
 	session    context.Context // ends the session: nothing new is applied
 	work       context.Context // lives ShutdownTimeout past shutdown
-	lane       Lane            // when the applier has lanes; else each attempt gets a timeout context
+	lane       event.Lane      // when the applier has lanes; else each attempt gets a timeout context
 	letters    letterPort      // where dead-letter copies go out
 	parker     Parker          // where a dead letter waits out a broker alarm; nil when the applier cannot
 	now        clock
@@ -216,24 +217,24 @@ func (w *worker) take(d amqp.Delivery) {
 	w.held[d.DeliveryTag] = h
 	s := &slot{Tag: d.DeliveryTag}
 	if max := w.svc.cfg.MaxBodyBytes; max > 0 && len(d.Body) > max {
-		s.Err = Poison(fmt.Errorf("body of %d bytes is over MAX_BODY_BYTES (%d): not decoded", len(d.Body), max))
+		s.Err = event.Poison(fmt.Errorf("body of %d bytes is over MAX_BODY_BYTES (%d): not decoded", len(d.Body), max))
 	} else {
 		s.Event, s.Err = w.decode(d)
 	}
-	s.Class = ClassOf(context.Background(), s.Err)
+	s.Class = event.ClassOf(context.Background(), s.Err)
 	w.core.deliver(s)
 }
 
 // decode decodes d; a panic is a ClassPanic error.
-func (w *worker) decode(d amqp.Delivery) (ev Event, err error) {
+func (w *worker) decode(d amqp.Delivery) (ev event.Event, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = w.panicked(d.MessageId, p)
 		}
 	}()
-	ev, err = Decode(d.Body, d.MessageId, d.Type)
+	ev, err = event.Decode(d.Body, d.MessageId, d.Type)
 	if err == nil {
-		ev.Message = Message{RoutingKey: d.RoutingKey, Body: d.Body, Headers: d.Headers,
+		ev.Message = event.Message{RoutingKey: d.RoutingKey, Body: d.Body, Headers: d.Headers,
 			MessageID: d.MessageId, ContentType: d.ContentType}
 	}
 	return ev, err
@@ -246,7 +247,7 @@ func (w *worker) exec(cmd command) error {
 	switch cmd.Kind {
 	case cmdApply:
 		outs, err := w.apply(w.session, cmd.Slots)
-		w.core.applied(outs, err, ClassOf(w.session, err))
+		w.core.applied(outs, err, event.ClassOf(w.session, err))
 		w.unblock()
 	case cmdCopy:
 		f, err := w.copy(cmd.Slots[0])

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"transferconsumer/dlq"
+	"transferconsumer/event"
 )
 
 // copy publishes a copy of s with the failure headers to the dead-letter
@@ -71,10 +72,10 @@ func (w *worker) park(s *slot) (copyFact, error) {
 	if typ == "" {
 		typ = h.d.Type
 	}
-	err := w.parker.Park(ctx, OutboxLetter{
+	err := w.parker.Park(ctx, event.OutboxLetter{
 		EventID: w.eventID(s), EventType: typ, Class: string(s.Class), Reason: s.Err.Error(),
 		RoutingKey: h.d.RoutingKey, MessageID: h.d.MessageId, ContentType: h.d.ContentType,
-		Body: h.d.Body, Headers: HeadersJSON(h.d.Headers), Queue: w.queue, At: w.now(),
+		Body: h.d.Body, Headers: event.HeadersJSON(h.d.Headers), Queue: w.queue, At: w.now(),
 		Abandoned: h.abandoned,
 	})
 	if err != nil {
@@ -89,7 +90,7 @@ func (w *worker) park(s *slot) (copyFact, error) {
 func (s *Service) logDecision(dec Decision, sendErr error) {
 	level := slog.LevelInfo
 	switch {
-	case sendErr != nil || dec.Action == ActionDeadLetter || dec.Class == ClassPanic:
+	case sendErr != nil || dec.Action == ActionDeadLetter || dec.Class == event.ClassPanic:
 		level = slog.LevelError
 	case dec.Action == ActionRequeue:
 		level = slog.LevelWarn

@@ -1,28 +1,27 @@
 package consumer
 
 import (
-	"context"
-	"errors"
 	"slices"
-
 	"testing"
+
 	"transferconsumer/dlq"
+	"transferconsumer/event"
 )
 
 func TestDecide(t *testing.T) {
 	tests := []struct {
-		class Class
+		class event.Class
 		want  Action
 	}{
 		{"", ActionAck},
-		{ClassPoison, ActionDeadLetter},
-		{ClassConflict, ActionDeadLetter},
-		{ClassTransition, ActionDeadLetter},
-		{ClassRejected, ActionDeadLetter},
-		{ClassTransient, ActionRetry},
-		{ClassUnknown, ActionRetry},
-		{ClassPanic, ActionRetry},
-		{ClassShutdown, ActionRequeue},
+		{event.ClassPoison, ActionDeadLetter},
+		{event.ClassConflict, ActionDeadLetter},
+		{event.ClassTransition, ActionDeadLetter},
+		{event.ClassRejected, ActionDeadLetter},
+		{event.ClassTransient, ActionRetry},
+		{event.ClassUnknown, ActionRetry},
+		{event.ClassPanic, ActionRetry},
+		{event.ClassShutdown, ActionRequeue},
 	}
 	for _, tt := range tests {
 		if got := decide(tt.class); got != tt.want {
@@ -30,35 +29,6 @@ func TestDecide(t *testing.T) {
 		}
 		if tt.want == ActionDeadLetter && !slices.Contains(dlq.Classes(), string(tt.class)) {
 			t.Errorf("dlq.Classes() lacks %q: dlq replay --class would refuse its letters", tt.class)
-		}
-	}
-}
-
-func TestClassOf(t *testing.T) {
-	live := context.Background()
-	stopping, cancel := context.WithCancelCause(context.Background())
-	cancel(ErrShutdown)
-	plain := errors.New("x")
-	tests := []struct {
-		name string
-		ctx  context.Context
-		err  error
-		want Class
-	}{
-		{"nil", live, nil, ""},
-		{"plain", live, plain, ClassUnknown},
-		{"poison", live, Poison(plain), ClassPoison},
-		{"wrapped transient", live, errors.Join(errors.New("ctx"), Transient(plain)), ClassTransient},
-		{"poison while stopping stays poison", stopping, Poison(plain), ClassPoison},
-		{"conflict while stopping stays conflict", stopping, Conflict(plain), ClassConflict},
-		{"transition while stopping stays transition", stopping, Transition(plain), ClassTransition},
-		{"rejected while stopping stays rejected", stopping, Rejected(plain), ClassRejected},
-		{"transient while stopping", stopping, Transient(plain), ClassShutdown},
-		{"unknown while stopping", stopping, plain, ClassShutdown},
-	}
-	for _, tt := range tests {
-		if got := ClassOf(tt.ctx, tt.err); got != tt.want {
-			t.Errorf("%s: ClassOf = %q, want %q", tt.name, got, tt.want)
 		}
 	}
 }

@@ -12,7 +12,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
-	"transferconsumer/consumer"
+	"transferconsumer/event"
 )
 
 // Inbox applies events to the balance projection and the transfers'
@@ -39,24 +39,25 @@ func NewInbox(db *sqlx.DB) *Inbox { return &Inbox{db: db} }
 // redelivery applies it.
 //
 // It returns Result{Duplicate: true} when ev.ID was applied before with the
-// same content; a consumer.Conflict error when it was applied with other
-// content (after recording the conflict in producer_conflict); a
-// consumer.Transition error when a lifecycle event contradicts its transfer
-// (nothing is written then, the claim included); a consumer.Transient error
+// same content; an event.Conflict error when it was applied with other
+// content (after recording the conflict in producer_conflict); an
+// event.Transition error when a lifecycle event contradicts its transfer
+// (nothing is written then, the claim included); an event.Transient error
 // when the database is unreachable or asks for a retry (serialization
 // failure, deadlock), or when ctx ended the attempt; any other error as is.
 //
 // Apply takes a connection for this one call; a worker applying event after
 // event uses a Lane, which keeps its connection.
-func (in *Inbox) Apply(ctx context.Context, ev consumer.Event) (consumer.Result, error) {
+func (in *Inbox) Apply(ctx context.Context, ev event.Event) (event.Result, error) {
 	l := in.Lane(0)
 	defer l.Close()
 	return l.Apply(ctx, ev)
 }
 
-// Lane returns a consumer.Lane: it applies one worker's events, one at a
-// time, on a connection it keeps between them, and bounds each attempt by
-// timeout itself (0: only by the context given to Apply).
+// Lane returns an event.Lane (the consumer's Lanes port): it applies one
+// worker's events, one at a time, on a connection it keeps between them,
+// and bounds each attempt by timeout itself (0: only by the context given
+// to Apply).
 //
 // Nothing a lane does outlives a transaction on the server, so it works the
 // same against PostgreSQL, behind PgBouncer in session mode and behind
@@ -71,7 +72,7 @@ func (in *Inbox) Apply(ctx context.Context, ev consumer.Event) (consumer.Result,
 // reach no other statement, and the COMMIT, which a cancel must never
 // interrupt, is sent on a connection no cancel was sent for or not at all
 // (the attempt is then rolled back and retried in place).
-func (in *Inbox) Lane(timeout time.Duration) consumer.Lane {
+func (in *Inbox) Lane(timeout time.Duration) event.Lane {
 	return &lane{in: in, timeout: timeout}
 }
 
@@ -98,10 +99,10 @@ type lane struct {
 	inTransaction func()
 }
 
-func (l *lane) Apply(ctx context.Context, ev consumer.Event) (consumer.Result, error) {
+func (l *lane) Apply(ctx context.Context, ev event.Event) (event.Result, error) {
 	var outcome string
 	if err := l.run(ctx, applyEventSQL, eventArgs(ev), &outcome); err != nil {
-		return consumer.Result{}, fmt.Errorf("apply event %s: %w", ev.ID, translate(err))
+		return event.Result{}, fmt.Errorf("apply event %s: %w", ev.ID, translate(err))
 	}
 	o := result(ev, outcome)
 	return o.Result, o.Err
@@ -115,7 +116,7 @@ func (l *lane) Apply(ctx context.Context, ev consumer.Event) (consumer.Result, e
 // transition that contradicts its transfer or data the database refuses
 // is then one of the events, which the caller finds by splitting the
 // batch. It implements consumer.BatchLane.
-func (l *lane) ApplyBatch(ctx context.Context, evs []consumer.Event) ([]consumer.Outcome, error) {
+func (l *lane) ApplyBatch(ctx context.Context, evs []event.Event) ([]event.Outcome, error) {
 	var outcomes pq.StringArray
 	if err := l.run(ctx, applyBatchSQL, batchArgs(evs), &outcomes); err != nil {
 		return nil, fmt.Errorf("apply a batch of %d events from %s: %w", len(evs), evs[0].ID, translate(err))
@@ -123,7 +124,7 @@ func (l *lane) ApplyBatch(ctx context.Context, evs []consumer.Event) ([]consumer
 	if len(outcomes) != len(evs) {
 		return nil, fmt.Errorf("apply_batch answered %d outcomes for %d events", len(outcomes), len(evs))
 	}
-	out := make([]consumer.Outcome, len(evs))
+	out := make([]event.Outcome, len(evs))
 	for i, ev := range evs {
 		out[i] = result(ev, outcomes[i])
 	}
@@ -131,20 +132,20 @@ func (l *lane) ApplyBatch(ctx context.Context, evs []consumer.Event) ([]consumer
 }
 
 // result reads apply_event's answer for ev.
-func result(ev consumer.Event, outcome string) consumer.Outcome {
+func result(ev event.Event, outcome string) event.Outcome {
 	switch {
 	case outcome == "applied":
-		return consumer.Outcome{}
+		return event.Outcome{}
 	case outcome == "applied+outbox":
-		return consumer.Outcome{Result: consumer.Result{Outbox: true}}
+		return event.Outcome{Result: event.Result{Outbox: true}}
 	case outcome == "duplicate":
-		return consumer.Outcome{Result: consumer.Result{Duplicate: true}}
+		return event.Outcome{Result: event.Result{Duplicate: true}}
 	case strings.HasPrefix(outcome, "conflict:"):
-		return consumer.Outcome{Err: consumer.Conflict(fmt.Errorf(
+		return event.Outcome{Err: event.Conflict(fmt.Errorf(
 			"producer conflict: event %s was applied with content fingerprint %s, this delivery has %x",
 			ev.ID, strings.TrimPrefix(outcome, "conflict:"), ev.Fingerprint))}
 	}
-	return consumer.Outcome{Err: fmt.Errorf("apply event %s: unexpected outcome %q", ev.ID, outcome)}
+	return event.Outcome{Err: fmt.Errorf("apply event %s: unexpected outcome %q", ev.ID, outcome)}
 }
 
 const (
@@ -161,28 +162,28 @@ type message struct {
 	body, headers        []byte
 }
 
-func messageOf(ev consumer.Event) message {
-	if ev.Type == consumer.EventTransferCreated {
+func messageOf(ev event.Event) message {
+	if ev.Type == event.TransferCreated {
 		return message{}
 	}
 	m := ev.Message
 	return message{
 		key: valid(storableText(m.RoutingKey)), id: valid(m.MessageID), contentType: valid(storableText(m.ContentType)),
-		body: m.Body, headers: storableHeaders(consumer.HeadersJSON(m.Headers)),
+		body: m.Body, headers: storableHeaders(event.HeadersJSON(m.Headers)),
 	}
 }
 
 func valid(s string) sql.NullString { return sql.NullString{String: s, Valid: true} }
 
 // eventArgs are apply_event's arguments for ev.
-func eventArgs(ev consumer.Event) []any {
+func eventArgs(ev event.Event) []any {
 	t, m := ev.Transfer, messageOf(ev)
 	return []any{ev.ID, ev.Type, ev.Fingerprint, t.ID, t.FromAccount, t.ToAccount, t.AmountMinor, t.Currency,
 		m.key, m.body, jsonb(m.headers), m.id, m.contentType}
 }
 
 // batchArgs are apply_batch's arguments for evs: one array per column.
-func batchArgs(evs []consumer.Event) []any {
+func batchArgs(evs []event.Event) []any {
 	n := len(evs)
 	var (
 		ids, types, transfers, froms, tos, currencies = make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n), make([]string, n)

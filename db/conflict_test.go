@@ -11,7 +11,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
-	"transferconsumer/consumer"
+	"transferconsumer/event"
 )
 
 // conflicts counts the producer_conflict rows of event id.
@@ -32,13 +32,13 @@ func TestProducerConflictIsRecordedOnce(t *testing.T) {
 	in := NewInbox(database)
 	ctx := context.Background()
 	id, transfer := newID(), newID()
-	if _, err := in.Apply(ctx, event(t, id, consumer.EventTransferCreated, transfer, "acc_a", "acc_b", 100)); err != nil {
+	if _, err := in.Apply(ctx, newEvent(t, id, event.TransferCreated, transfer, "acc_a", "acc_b", 100)); err != nil {
 		t.Fatal(err)
 	}
-	other := event(t, id, consumer.EventTransferCreated, transfer, "acc_a", "acc_b", 999)
+	other := newEvent(t, id, event.TransferCreated, transfer, "acc_a", "acc_b", 999)
 	isConflict := func(what string, err error) {
 		t.Helper()
-		if consumer.ClassOf(ctx, err) != consumer.ClassConflict {
+		if event.ClassOf(ctx, err) != event.ClassConflict {
 			t.Errorf("%s: %v, want a producer conflict", what, err)
 		}
 	}
@@ -48,7 +48,7 @@ func TestProducerConflictIsRecordedOnce(t *testing.T) {
 	}
 	l := in.Lane(0).(*lane)
 	defer l.Close()
-	outs, err := l.ApplyBatch(ctx, []consumer.Event{other, other})
+	outs, err := l.ApplyBatch(ctx, []event.Event{other, other})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func TestProducerConflictIsRecordedOnce(t *testing.T) {
 		t.Errorf("%d producer_conflict rows after five deliveries of one conflicting message, want 1", n)
 	}
 
-	third := event(t, id, consumer.EventTransferCreated, transfer, "acc_a", "acc_c", 100)
+	third := newEvent(t, id, event.TransferCreated, transfer, "acc_a", "acc_c", 100)
 	_, err = in.Apply(ctx, third)
 	isConflict("other content", err)
 	_, err = in.Apply(ctx, third)

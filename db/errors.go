@@ -10,7 +10,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
-	"transferconsumer/consumer"
+	"transferconsumer/event"
 )
 
 // transitionCode is the SQLSTATE apply_event raises for a lifecycle event
@@ -21,12 +21,12 @@ const transitionCode = "TC001"
 // here (adr/0002). The rule is by cause, and the default is the safe side:
 //
 //   - TC001, raised by apply_event: the event contradicts its transfer
-//     (consumer.Transition);
+//     (event.Transition);
 //   - SQLSTATE classes 22 (data exception, e.g. 22003 when a balance would
 //     overflow) and 23 (integrity constraint violation): our own statement
 //     refused the event's values, as it will on every attempt
-//     (consumer.Rejected);
-//   - everything else is the environment's fault (consumer.Transient): the
+//     (event.Rejected);
+//   - everything else is the environment's fault (event.Transient): the
 //     database unreachable, closed for maintenance (55000), read-only after a
 //     failover (25006, 0A000), a rotated password or a NOLOGIN role (28P01,
 //     28000), a renamed database (3D000), a revoked grant (42501), a
@@ -44,12 +44,12 @@ func translate(err error) error {
 	if errors.As(err, &pqErr) {
 		switch {
 		case pqErr.Code == transitionCode:
-			return consumer.Transition(errors.New(pqErr.Message))
+			return event.Transition(errors.New(pqErr.Message))
 		case pqErr.Code.Class() == "22", pqErr.Code.Class() == "23":
-			return consumer.Rejected(fmt.Errorf("the database refused the event's data: %w", err))
+			return event.Rejected(fmt.Errorf("the database refused the event's data: %w", err))
 		}
 	}
-	return consumer.Transient(err)
+	return event.Transient(err)
 }
 
 // readCommitted is the isolation every transaction of the service runs at,

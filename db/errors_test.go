@@ -10,7 +10,7 @@ import (
 
 	"github.com/lib/pq"
 
-	"transferconsumer/consumer"
+	"transferconsumer/event"
 )
 
 // Only what the message caused leaves the queue: a contradicting
@@ -24,38 +24,38 @@ func TestTranslateByCause(t *testing.T) {
 	tests := []struct {
 		name string
 		err  error
-		want consumer.Class
+		want event.Class
 	}{
-		{"contradicting transition", pgErr("TC001"), consumer.ClassTransition},
-		{"balance would overflow", pgErr("22003"), consumer.ClassRejected},
-		{"invalid text for a type", pgErr("22P02"), consumer.ClassRejected},
-		{"not-null violation", pgErr("23502"), consumer.ClassRejected},
-		{"check violation", pgErr("23514"), consumer.ClassRejected},
-		{"closed for maintenance", pgErr("55000"), consumer.ClassTransient},
-		{"read-only transaction on a standby", pgErr("25006"), consumer.ClassTransient},
-		{"read-write begin on a standby", pgErr("0A000"), consumer.ClassTransient},
-		{"rotated password", pgErr("28P01"), consumer.ClassTransient},
-		{"role not permitted to log in", pgErr("28000"), consumer.ClassTransient},
-		{"database renamed", pgErr("3D000"), consumer.ClassTransient},
-		{"privilege revoked", pgErr("42501"), consumer.ClassTransient},
-		{"function missing", pgErr("42883"), consumer.ClassTransient},
-		{"table missing", pgErr("42P01"), consumer.ClassTransient},
-		{"lock timeout", pgErr("55P03"), consumer.ClassTransient},
-		{"statement timeout", pgErr("57014"), consumer.ClassTransient},
-		{"admin shutdown", pgErr("57P01"), consumer.ClassTransient},
-		{"I/O error", pgErr("58030"), consumer.ClassTransient},
-		{"internal error", pgErr("XX000"), consumer.ClassTransient},
-		{"serialization failure", pgErr("40001"), consumer.ClassTransient},
-		{"deadlock", pgErr("40P01"), consumer.ClassTransient},
-		{"isolation refused by apply_event", pgErr("TC002"), consumer.ClassTransient},
-		{"a code nobody listed", pgErr("ZZ999"), consumer.ClassTransient},
-		{"connection refused", syscall.ECONNREFUSED, consumer.ClassTransient},
-		{"connection cut", io.ErrUnexpectedEOF, consumer.ClassTransient},
-		{"attempt timed out", context.DeadlineExceeded, consumer.ClassTransient},
-		{"not the server's at all", errors.New("something new"), consumer.ClassTransient},
+		{"contradicting transition", pgErr("TC001"), event.ClassTransition},
+		{"balance would overflow", pgErr("22003"), event.ClassRejected},
+		{"invalid text for a type", pgErr("22P02"), event.ClassRejected},
+		{"not-null violation", pgErr("23502"), event.ClassRejected},
+		{"check violation", pgErr("23514"), event.ClassRejected},
+		{"closed for maintenance", pgErr("55000"), event.ClassTransient},
+		{"read-only transaction on a standby", pgErr("25006"), event.ClassTransient},
+		{"read-write begin on a standby", pgErr("0A000"), event.ClassTransient},
+		{"rotated password", pgErr("28P01"), event.ClassTransient},
+		{"role not permitted to log in", pgErr("28000"), event.ClassTransient},
+		{"database renamed", pgErr("3D000"), event.ClassTransient},
+		{"privilege revoked", pgErr("42501"), event.ClassTransient},
+		{"function missing", pgErr("42883"), event.ClassTransient},
+		{"table missing", pgErr("42P01"), event.ClassTransient},
+		{"lock timeout", pgErr("55P03"), event.ClassTransient},
+		{"statement timeout", pgErr("57014"), event.ClassTransient},
+		{"admin shutdown", pgErr("57P01"), event.ClassTransient},
+		{"I/O error", pgErr("58030"), event.ClassTransient},
+		{"internal error", pgErr("XX000"), event.ClassTransient},
+		{"serialization failure", pgErr("40001"), event.ClassTransient},
+		{"deadlock", pgErr("40P01"), event.ClassTransient},
+		{"isolation refused by apply_event", pgErr("TC002"), event.ClassTransient},
+		{"a code nobody listed", pgErr("ZZ999"), event.ClassTransient},
+		{"connection refused", syscall.ECONNREFUSED, event.ClassTransient},
+		{"connection cut", io.ErrUnexpectedEOF, event.ClassTransient},
+		{"attempt timed out", context.DeadlineExceeded, event.ClassTransient},
+		{"not the server's at all", errors.New("something new"), event.ClassTransient},
 	}
 	for _, tt := range tests {
-		if got := consumer.ClassOf(context.Background(), translate(tt.err)); got != tt.want {
+		if got := event.ClassOf(context.Background(), translate(tt.err)); got != tt.want {
 			t.Errorf("%s: class %q, want %q", tt.name, got, tt.want)
 		}
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
-	"transferconsumer/consumer"
+	"transferconsumer/event"
 )
 
 // testDBURL returns the URL of a database of the test's own (testDB's).
@@ -65,7 +65,7 @@ func TestReadOnlyConnectionIsDiscarded(t *testing.T) {
 	if !errors.As(err, &pqErr) || pqErr.Code != "25006" {
 		t.Fatalf("insert on the read-only session = %v, want 25006", err)
 	}
-	if !isReadOnly(err) || consumer.ClassOf(context.Background(), translate(err)) != consumer.ClassTransient {
+	if !isReadOnly(err) || event.ClassOf(context.Background(), translate(err)) != event.ClassTransient {
 		t.Errorf("25006 is not read-only or not transient: %v", translate(err))
 	}
 	var after int

@@ -12,7 +12,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
-	"transferconsumer/consumer"
+	"transferconsumer/event"
 )
 
 // everyFile returns what Migrate applies to an empty database from
@@ -163,7 +163,7 @@ func TestUpgradeFromMigrationsThatDefinedTheFunctions(t *testing.T) {
 	if err := Grant(ctx, owner, role); err != nil {
 		t.Fatal(err)
 	}
-	before := event(t, newID(), consumer.EventTransferCreated, newID(), "acc_a", "acc_b", 100)
+	before := newEvent(t, newID(), event.TransferCreated, newID(), "acc_a", "acc_b", 100)
 	if _, err := NewInbox(svc).Apply(ctx, before); err != nil {
 		t.Fatalf("apply on the old schema: %v", err)
 	}
@@ -221,14 +221,14 @@ func TestUpgradeFromMigrationsThatDefinedTheFunctions(t *testing.T) {
 		t.Errorf("the event applied before the upgrade, again = %+v, %v, want a duplicate", r, err)
 	}
 	transfer := newID()
-	created := event(t, newID(), consumer.EventTransferCreated, transfer, "acc_a", "acc_c", 30)
-	failed := event(t, newID(), consumer.EventTransferFailed, transfer, "acc_a", "acc_c", 30)
+	created := newEvent(t, newID(), event.TransferCreated, transfer, "acc_a", "acc_c", 30)
+	failed := newEvent(t, newID(), event.TransferFailed, transfer, "acc_a", "acc_c", 30)
 	if r, err := in.Apply(ctx, created); err != nil || r.Duplicate {
 		t.Errorf("apply after the upgrade = %+v, %v", r, err)
 	}
 	l := in.Lane(0)
 	defer l.Close()
-	out, err := l.(consumer.BatchLane).ApplyBatch(ctx, []consumer.Event{failed, created})
+	out, err := l.(*lane).ApplyBatch(ctx, []event.Event{failed, created})
 	if err != nil || len(out) != 2 || out[0].Err != nil || out[0].Result.Duplicate || !out[1].Result.Duplicate {
 		t.Errorf("a batch after the upgrade = %+v, %v", out, err)
 	}

@@ -8,7 +8,7 @@ import (
 )
 
 // wrappedHeadersKey is the one key of a header object that jsonb could not
-// keep as it was: the JSON text consumer.HeadersJSON wrote, as a string
+// keep as it was: the JSON text event.HeadersJSON wrote, as a string
 // under this key.
 const wrappedHeadersKey = "transferconsumer:headers-json"
 

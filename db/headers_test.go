@@ -6,7 +6,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"transferconsumer/consumer"
+	"transferconsumer/event"
 )
 
 // Headers jsonb cannot keep go in and come back out as the same JSON text;
@@ -20,7 +20,7 @@ func TestStorableHeadersRoundTrip(t *testing.T) {
 		{wrappedHeadersKey: "a producer's own header of that name"},
 		{wrappedHeadersKey: `{"x": "y"}`},
 	} {
-		in := consumer.HeadersJSON(h)
+		in := event.HeadersJSON(h)
 		stored := storableHeaders(in)
 		if bytes.Contains(stored, []byte(`\u0000`)) && !bytes.Contains(stored, []byte(`\\u0000`)) {
 			t.Errorf("%q: stored %s still has a NUL", in, stored)

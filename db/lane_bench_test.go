@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"transferconsumer/consumer"
+	"transferconsumer/event"
 )
 
 // BenchmarkLaneApply applies one creation per iteration through a lane with
@@ -20,9 +20,9 @@ import (
 func BenchmarkLaneApply(b *testing.B) {
 	database := testDB(b, 4)
 	in := NewInbox(database)
-	evs := make([]consumer.Event, b.N)
+	evs := make([]event.Event, b.N)
 	for i := range evs {
-		evs[i] = event(b, newID(), consumer.EventTransferCreated, newID(),
+		evs[i] = newEvent(b, newID(), event.TransferCreated, newID(),
 			fmt.Sprintf("acc_bench_%d_a", i), fmt.Sprintf("acc_bench_%d_b", i), 100)
 	}
 	l := in.Lane(15 * time.Second)

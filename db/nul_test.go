@@ -9,7 +9,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"transferconsumer/consumer"
+	"transferconsumer/event"
 )
 
 // A transition whose message carries a NUL in a header is a valid event:
@@ -28,13 +28,13 @@ func TestTransitionWithANULInAHeaderIsApplied(t *testing.T) {
 			l := in.Lane(10 * time.Second).(*lane)
 			defer l.Close()
 			ctx := context.Background()
-			apply := func(ev consumer.Event) (consumer.Result, error) {
+			apply := func(ev event.Event) (event.Result, error) {
 				if !batch {
 					return l.Apply(ctx, ev)
 				}
-				outs, err := l.ApplyBatch(ctx, []consumer.Event{ev})
+				outs, err := l.ApplyBatch(ctx, []event.Event{ev})
 				if err != nil {
-					return consumer.Result{}, err
+					return event.Result{}, err
 				}
 				return outs[0].Result, outs[0].Err
 			}
@@ -47,23 +47,23 @@ func TestTransitionWithANULInAHeaderIsApplied(t *testing.T) {
 
 			// Waiting for its creation, which then contradicts it.
 			transfer := newID()
-			done := event(t, newID(), consumer.EventTransferCompleted, transfer, "acc_a", "acc_b", 100)
+			done := newEvent(t, newID(), event.TransferCompleted, transfer, "acc_a", "acc_b", 100)
 			done.Message.Headers = headers
 			done.Message.ContentType = "application/\x00json"
 			if _, err := apply(done); err != nil {
 				t.Fatalf("the waiting transition with a NUL in a header: %v (class %s), want it applied",
-					err, consumer.ClassOf(ctx, err))
+					err, event.ClassOf(ctx, err))
 			}
 			var waiting int
 			if err := database.Get(&waiting, `SELECT count(*) FROM pending_transition WHERE transfer_id = $1`, transfer); err != nil || waiting != 1 {
 				t.Fatalf("%d transitions waiting (%v), want 1", waiting, err)
 			}
-			res, err := apply(event(t, newID(), consumer.EventTransferCreated, transfer, "acc_a", "acc_b", 200))
+			res, err := apply(newEvent(t, newID(), event.TransferCreated, transfer, "acc_a", "acc_b", 200))
 			if err != nil || !res.Outbox {
 				t.Fatalf("the contradicted creation: %+v, %v; want applied with a dead letter in the outbox", res, err)
 			}
-			var letters []consumer.OutboxLetter
-			if _, err := in.DrainOutbox(ctx, func(l consumer.OutboxLetter) error {
+			var letters []event.OutboxLetter
+			if _, err := in.DrainOutbox(ctx, func(l event.OutboxLetter) error {
 				letters = append(letters, l)
 				return nil
 			}); err != nil {
@@ -72,7 +72,7 @@ func TestTransitionWithANULInAHeaderIsApplied(t *testing.T) {
 			if len(letters) != 1 {
 				t.Fatalf("%d dead letters, want the waiting transition's", len(letters))
 			}
-			if want := consumer.HeadersJSON(headers); !bytes.Equal(letters[0].Headers, want) {
+			if want := event.HeadersJSON(headers); !bytes.Equal(letters[0].Headers, want) {
 				t.Errorf("the dead letter's headers are %s, want %s as they came", letters[0].Headers, want)
 			}
 			var back map[string]any
@@ -85,10 +85,10 @@ func TestTransitionWithANULInAHeaderIsApplied(t *testing.T) {
 
 			// After its creation.
 			transfer = newID()
-			if _, err := apply(event(t, newID(), consumer.EventTransferCreated, transfer, "acc_c", "acc_d", 50)); err != nil {
+			if _, err := apply(newEvent(t, newID(), event.TransferCreated, transfer, "acc_c", "acc_d", 50)); err != nil {
 				t.Fatal(err)
 			}
-			failed := event(t, newID(), consumer.EventTransferFailed, transfer, "acc_c", "acc_d", 50)
+			failed := newEvent(t, newID(), event.TransferFailed, transfer, "acc_c", "acc_d", 50)
 			failed.Message.Headers = headers
 			if _, err := apply(failed); err != nil {
 				t.Fatalf("a transition with a NUL in a header after its creation: %v, want it applied", err)

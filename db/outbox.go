@@ -7,7 +7,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
-	"transferconsumer/consumer"
+	"transferconsumer/event"
 )
 
 // outboxBatch is how many dead letters one drain transaction takes.
@@ -20,7 +20,7 @@ const outboxBatch = 50
 // publish that fails rolls the batch back, and what it had published goes
 // out again at the next drain (at least once). It returns how many it
 // published and deleted, and implements consumer.Outbox.
-func (in *Inbox) DrainOutbox(ctx context.Context, publish func(consumer.OutboxLetter) error) (int, error) {
+func (in *Inbox) DrainOutbox(ctx context.Context, publish func(event.OutboxLetter) error) (int, error) {
 	total := 0
 	for {
 		n := 0
@@ -45,7 +45,7 @@ func (in *Inbox) DrainOutbox(ctx context.Context, publish func(consumer.OutboxLe
 				return fmt.Errorf("read dead_letter_outbox: %w", err)
 			}
 			for _, r := range rows {
-				l := consumer.OutboxLetter{EventID: deref(r.EventID), EventType: r.EventType, Class: r.Class, Reason: r.Reason,
+				l := event.OutboxLetter{EventID: deref(r.EventID), EventType: r.EventType, Class: r.Class, Reason: r.Reason,
 					RoutingKey: r.RoutingKey, Body: r.Body, MessageID: deref(r.MessageID), ContentType: deref(r.ContentType),
 					Queue: deref(r.Queue), At: r.CreatedAt, Parked: r.Queue != nil}
 				if r.Headers != nil {
@@ -82,7 +82,7 @@ func deref(s *string) string {
 // the service parks a dead letter there when a broker alarm holds its copy
 // back, and then acks the message (adr/0002). It returns the database's
 // errors, translated.
-func (in *Inbox) Park(ctx context.Context, l consumer.OutboxLetter) error {
+func (in *Inbox) Park(ctx context.Context, l event.OutboxLetter) error {
 	var eventID *string
 	if isUUID(l.EventID) {
 		eventID = &l.EventID

@@ -8,7 +8,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
-	"transferconsumer/consumer"
+	"transferconsumer/event"
 )
 
 // boom is what the tests' transactions panic with; the caller's recover
@@ -69,13 +69,13 @@ func TestLaneWhoseTransactionPanickedHoldsNothing(t *testing.T) {
 			database := testDB(t, 6)
 			in := NewInbox(database)
 			ctx := context.Background()
-			ev := event(t, newID(), consumer.EventTransferCreated, newID(), "acc_a", "acc_b", 700)
+			ev := newEvent(t, newID(), event.TransferCreated, newID(), "acc_a", "acc_b", 700)
 			l := in.Lane(10 * time.Second).(*lane)
 			l.inTransaction = func() { panic(boom{"in the transaction"}) }
 			p := func() (p any) {
 				defer func() { p = recover() }()
 				if batch {
-					_, _ = l.ApplyBatch(ctx, []consumer.Event{ev})
+					_, _ = l.ApplyBatch(ctx, []event.Event{ev})
 				} else {
 					_, _ = l.Apply(ctx, ev)
 				}
@@ -102,10 +102,10 @@ func TestLaneWhoseTransactionPanickedHoldsNothing(t *testing.T) {
 // lanePanicked checks that l, whose transaction panicked, applies ev again
 // (a duplicate or not, as duplicate says) and closes, each within a
 // deadline, and that ev's amount moved once.
-func lanePanicked(t *testing.T, database *sqlx.DB, l *lane, ev consumer.Event, duplicate bool) {
+func lanePanicked(t *testing.T, database *sqlx.DB, l *lane, ev event.Event, duplicate bool) {
 	t.Helper()
 	var (
-		res consumer.Result
+		res event.Result
 		err error
 	)
 	if !returnsWithin(5*time.Second, func() { res, err = l.Apply(context.Background(), ev) }) {
@@ -140,7 +140,7 @@ func TestLaneWhoseDriverCallPanickedHoldsNothing(t *testing.T) {
 	defer func(wait time.Duration) { rollbackWait = wait }(rollbackWait)
 	rollbackWait = 500 * time.Millisecond
 	in := NewInbox(database)
-	ev := event(t, newID(), consumer.EventTransferCreated, newID(), "acc_c", "acc_d", 300)
+	ev := newEvent(t, newID(), event.TransferCreated, newID(), "acc_c", "acc_d", 300)
 	l := in.Lane(10 * time.Second).(*lane)
 	args := eventArgs(ev)
 	args[len(args)-1] = panicValuer{}
@@ -169,14 +169,14 @@ func TestDrainOutboxReleasesItsRowsWhenPublishPanics(t *testing.T) {
 		VALUES ($1, 'TransferCompleted', 'invalid-transition', 'test', 'acc_a', '\x7b7d')`, newID())
 	p := func() (p any) {
 		defer func() { p = recover() }()
-		_, _ = in.DrainOutbox(ctx, func(consumer.OutboxLetter) error { panic(boom{"publish"}) })
+		_, _ = in.DrainOutbox(ctx, func(event.OutboxLetter) error { panic(boom{"publish"}) })
 		return nil
 	}()
 	if p != (boom{"publish"}) {
 		t.Fatalf("the caller recovered %v, want the publish's own panic", p)
 	}
 	waitFor(t, 5*time.Second, "no session idle in transaction", func() bool { return idleInTransaction(t, database) == 0 })
-	n, err := in.DrainOutbox(ctx, func(consumer.OutboxLetter) error { return nil })
+	n, err := in.DrainOutbox(ctx, func(event.OutboxLetter) error { return nil })
 	if err != nil || n != 1 {
 		t.Errorf("the next drain published %d letters (%v), want the 1 the panicked drain held", n, err)
 	}

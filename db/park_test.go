@@ -10,7 +10,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"transferconsumer/consumer"
+	"transferconsumer/event"
 )
 
 // A dead letter parked during a broker alarm keeps a NUL in a header, and
@@ -19,16 +19,16 @@ func TestParkKeepsAHeaderWithANUL(t *testing.T) {
 	database := testDB(t, 4)
 	in := NewInbox(database)
 	ctx := context.Background()
-	headers := consumer.HeadersJSON(amqp.Table{"x-note": "a\x00b"})
-	if err := in.Park(ctx, consumer.OutboxLetter{
+	headers := event.HeadersJSON(amqp.Table{"x-note": "a\x00b"})
+	if err := in.Park(ctx, event.OutboxLetter{
 		EventType: "Transfer\x00Created", Class: "poison", Reason: "not an event\x00",
 		RoutingKey: "acc_\x00a", MessageID: "id\x00", ContentType: "text/\xff", Body: []byte("\x00"),
 		Headers: headers, Queue: "transfers.0", At: time.Now(),
 	}); err != nil {
 		t.Fatalf("park: %v", err)
 	}
-	var got []consumer.OutboxLetter
-	if _, err := in.DrainOutbox(ctx, func(l consumer.OutboxLetter) error {
+	var got []event.OutboxLetter
+	if _, err := in.DrainOutbox(ctx, func(l event.OutboxLetter) error {
 		got = append(got, l)
 		return nil
 	}); err != nil {
@@ -48,7 +48,7 @@ func TestParkedLetterWaitsForItsAbandonedPublish(t *testing.T) {
 	ctx := context.Background()
 	drain := func() []string {
 		var got []string
-		if _, err := in.DrainOutbox(ctx, func(l consumer.OutboxLetter) error {
+		if _, err := in.DrainOutbox(ctx, func(l event.OutboxLetter) error {
 			got = append(got, l.MessageID)
 			return nil
 		}); err != nil {
@@ -58,7 +58,7 @@ func TestParkedLetterWaitsForItsAbandonedPublish(t *testing.T) {
 	}
 	park := func(id string) chan error {
 		answer := make(chan error, 1)
-		if err := in.Park(ctx, consumer.OutboxLetter{Class: "poison", Reason: "not JSON", RoutingKey: "acc_a",
+		if err := in.Park(ctx, event.OutboxLetter{Class: "poison", Reason: "not JSON", RoutingKey: "acc_a",
 			MessageID: id, Body: []byte("x"), Queue: "transfers.0", At: time.Now(), Abandoned: answer}); err != nil {
 			t.Fatalf("park: %v", err)
 		}

@@ -14,7 +14,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 
-	"transferconsumer/consumer"
+	"transferconsumer/event"
 )
 
 // testDB returns a database of the test's own on the local server
@@ -113,18 +113,18 @@ func newID() string {
 }
 
 // event decodes an event of the contract's shape, as the worker would.
-func event(t testing.TB, id, typ, transfer, from, to string, amount int64) consumer.Event {
+func newEvent(t testing.TB, id, typ, transfer, from, to string, amount int64) event.Event {
 	t.Helper()
 	body, _ := json.Marshal(map[string]any{
 		"eventId": id, "eventType": typ, "occurredAt": "2026-07-10T12:00:00Z",
 		"data": map[string]any{"transferId": transfer, "fromAccount": from, "toAccount": to,
 			"amountMinor": amount, "currency": "EUR"},
 	})
-	ev, err := consumer.Decode(body, "", "")
+	ev, err := event.Decode(body, "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ev.Message = consumer.Message{RoutingKey: from, Body: body, MessageID: id, ContentType: "application/json"}
+	ev.Message = event.Message{RoutingKey: from, Body: body, MessageID: id, ContentType: "application/json"}
 	return ev
 }
 

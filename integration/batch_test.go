@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"transferconsumer/consumer"
+	"transferconsumer/event"
 )
 
 // In one batch, events that are the message's fault do not throw the rest
@@ -41,7 +42,7 @@ func TestBatchKeepsTheGoodEventsAroundTheBadOnes(t *testing.T) {
 	e.publish(forged) // producer conflict with the first event
 	good(5)
 	created := events[len(events)-1]
-	wrong := transition(created, consumer.EventTransferFailed)
+	wrong := transition(created, event.TransferFailed)
 	wrong.Data.AmountMinor++
 	e.publish(wrong) // contradicts its transfer, created earlier in the batch
 	good(5)
@@ -53,8 +54,8 @@ func TestBatchKeepsTheGoodEventsAroundTheBadOnes(t *testing.T) {
 	waitFor(t, 30*time.Second, "every delivery decided", func() bool { return svc.rec.count() == len(events)+4 })
 	for _, want := range []struct {
 		id    string
-		class consumer.Class
-	}{{forged.EventID, consumer.ClassConflict}, {wrong.EventID, consumer.ClassTransition}, {overflow.EventID, consumer.ClassRejected}} {
+		class event.Class
+	}{{forged.EventID, event.ClassConflict}, {wrong.EventID, event.ClassTransition}, {overflow.EventID, event.ClassRejected}} {
 		ds := svc.rec.of(want.id)
 		if d := ds[len(ds)-1]; d.Action != consumer.ActionDeadLetter || d.Class != want.class {
 			t.Errorf("event %s: %+v, want dead-lettered as %s", want.id, d, want.class)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"transferconsumer/consumer"
+	"transferconsumer/event"
 )
 
 // A body over MAX_BODY_BYTES is poison: dead-lettered on its first
@@ -25,7 +26,7 @@ func TestBodyOverTheBoundIsDeadLetteredUndecoded(t *testing.T) {
 	waitFor(t, 30*time.Second, "both decided", func() bool {
 		return len(svc.rec.of(big.EventID)) == 1 && len(svc.rec.of(after.EventID)) == 1
 	})
-	if d := svc.rec.of(big.EventID)[0]; d.Action != consumer.ActionDeadLetter || d.Class != consumer.ClassPoison || d.DeliveryCount != 0 {
+	if d := svc.rec.of(big.EventID)[0]; d.Action != consumer.ActionDeadLetter || d.Class != event.ClassPoison || d.DeliveryCount != 0 {
 		t.Errorf("want the large body dead-lettered as poison on its first delivery, got %+v", d)
 	}
 	msgs := e.peekDLQ()

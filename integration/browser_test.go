@@ -14,6 +14,7 @@ import (
 
 	"transferconsumer/consumer"
 	"transferconsumer/dlq"
+	"transferconsumer/event"
 )
 
 // The dead letters as a person sees them: three letters of three classes,
@@ -157,8 +158,8 @@ func (e *env) deadLetterOneOfEachKind() map[string]wantLetter {
 	overflow := newTransfer(from, rich, 10_000)
 	e.publish(overflow)
 	created := newTransfer(from, to, 250)
-	failed := transition(created, consumer.EventTransferFailed)
-	completed := transition(created, consumer.EventTransferCompleted)
+	failed := transition(created, event.TransferFailed)
+	completed := transition(created, event.TransferCompleted)
 	for _, tr := range []transfer{created, failed, completed} {
 		e.publish(tr)
 	}
@@ -174,10 +175,10 @@ func (e *env) deadLetterOneOfEachKind() map[string]wantLetter {
 		}
 	}
 	want := map[string]wantLetter{}
-	for id, class := range map[string]consumer.Class{
-		poison:            consumer.ClassPoison,
-		overflow.EventID:  consumer.ClassRejected,
-		completed.EventID: consumer.ClassTransition,
+	for id, class := range map[string]event.Class{
+		poison:            event.ClassPoison,
+		overflow.EventID:  event.ClassRejected,
+		completed.EventID: event.ClassTransition,
 	} {
 		ds := svc.rec.of(id)
 		if len(ds) == 0 {

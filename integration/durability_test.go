@@ -10,6 +10,7 @@ import (
 
 	"transferconsumer/consumer"
 	"transferconsumer/db"
+	"transferconsumer/event"
 )
 
 // Durability and isolation do not depend on a DBA's defaults: whatever
@@ -47,7 +48,7 @@ func TestTransactionsIgnoreWeakerDatabaseDefaults(t *testing.T) {
 		if sessionSync != tt.sync {
 			t.Fatalf("the session's default is %q, want %q: the test would prove nothing", sessionSync, tt.sync)
 		}
-		ev, err := consumer.Decode(newTransfer("acc_d_"+e.name, "acc_e_"+e.name, 1).body(), "", "")
+		ev, err := event.Decode(newTransfer("acc_d_"+e.name, "acc_e_"+e.name, 1).body(), "", "")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -12,6 +12,7 @@ import (
 
 	"transferconsumer/consumer"
 	"transferconsumer/db"
+	"transferconsumer/event"
 )
 
 // A message whose handling panics is retried in place, on its first
@@ -26,7 +27,7 @@ func TestPanicIsRetriedInPlaceThenDeadLettered(t *testing.T) {
 	inbox := db.NewInbox(e.db)
 	var attempts atomic.Int64
 	var broken string
-	app := applierFunc(func(ctx context.Context, ev consumer.Event) (consumer.Result, error) {
+	app := applierFunc(func(ctx context.Context, ev event.Event) (event.Result, error) {
 		if ev.ID == broken {
 			attempts.Add(1)
 			var m map[string]int
@@ -49,7 +50,7 @@ func TestPanicIsRetriedInPlaceThenDeadLettered(t *testing.T) {
 	waitFor(t, 10*time.Second, "the panicking event in the DLQ", func() bool { return len(e.peekDLQ()) == 1 })
 
 	ds := svc.rec.of(bad.EventID)
-	if len(ds) != 1 || ds[0].Action != consumer.ActionDeadLetter || ds[0].Class != consumer.ClassPanic || ds[0].DeliveryCount != 0 {
+	if len(ds) != 1 || ds[0].Action != consumer.ActionDeadLetter || ds[0].Class != event.ClassPanic || ds[0].DeliveryCount != 0 {
 		t.Errorf("decisions about the panicking event = %+v; want one dead letter of class panic on its first delivery", ds)
 	}
 	// Three times alone; with batches, once more in the batch it came in
@@ -81,9 +82,9 @@ func TestUnclassifiedErrorBlocksTheQueueInsteadOfDeadLettering(t *testing.T) {
 	e.limit = 2
 	inbox := db.NewInbox(e.db)
 	var fixed atomic.Bool
-	app := applierFunc(func(ctx context.Context, ev consumer.Event) (consumer.Result, error) {
+	app := applierFunc(func(ctx context.Context, ev event.Event) (event.Result, error) {
 		if !fixed.Load() {
-			return consumer.Result{}, errors.New("a bug nobody classified")
+			return event.Result{}, errors.New("a bug nobody classified")
 		}
 		return inbox.Apply(ctx, ev)
 	})
@@ -96,7 +97,7 @@ func TestUnclassifiedErrorBlocksTheQueueInsteadOfDeadLettering(t *testing.T) {
 	if n := svc.rec.count(); n != 0 {
 		t.Errorf("%d decisions while the bug lasts, want none", n)
 	}
-	if b := svc.svc.State().Blocked; len(b) != 1 || b[0].Class != consumer.ClassUnknown || b[0].EventID != tr.EventID {
+	if b := svc.svc.State().Blocked; len(b) != 1 || b[0].Class != event.ClassUnknown || b[0].EventID != tr.EventID {
 		t.Errorf("blocked queues = %+v, want the event's queue, class unknown", b)
 	}
 	fixed.Store(true)
@@ -191,7 +192,7 @@ func TestProducerConflictIsDeadLetteredAndCounted(t *testing.T) {
 	waitFor(t, 20*time.Second, "both decisions", func() bool { return len(svc.rec.of(original.EventID)) == 2 })
 
 	d := svc.rec.of(original.EventID)[1]
-	if d.Action != consumer.ActionDeadLetter || d.Class != consumer.ClassConflict {
+	if d.Action != consumer.ActionDeadLetter || d.Class != event.ClassConflict {
 		t.Errorf("second version: want dead-lettered as producer conflict, got %+v", d)
 	}
 	if got := e.balance(original.Data.ToAccount); got != 500 {
@@ -225,7 +226,7 @@ func TestDataTheDatabaseRejectsIsDeadLetteredAtOnce(t *testing.T) {
 		return len(svc.rec.of(overflow.EventID)) == 1 && len(svc.rec.of(after.EventID)) == 1
 	})
 	d := svc.rec.of(overflow.EventID)[0]
-	if d.Action != consumer.ActionDeadLetter || d.Class != consumer.ClassRejected || d.DeliveryCount != 0 || d.Retries != 0 {
+	if d.Action != consumer.ActionDeadLetter || d.Class != event.ClassRejected || d.DeliveryCount != 0 || d.Retries != 0 {
 		t.Errorf("want dead-lettered as data-rejected on the first delivery, got %+v", d)
 	}
 	msgs := e.peekDLQ()

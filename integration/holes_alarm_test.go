@@ -10,6 +10,7 @@ import (
 	"transferconsumer/consumer"
 	"transferconsumer/db"
 	"transferconsumer/dlq"
+	"transferconsumer/event"
 )
 
 // A broker session ends during a memory alarm, with valid events behind a
@@ -86,7 +87,7 @@ func TestSessionEndDuringAnAlarmWithValidEventsBehindAPoison(t *testing.T) {
 	var once sync.Once
 	t.Cleanup(func() { once.Do(func() { close(release) }) })
 	var gated sync.Once
-	app := &hookedInbox{Inbox: db.NewInbox(e.db), before: func(evs []consumer.Event) error {
+	app := &hookedInbox{Inbox: db.NewInbox(e.db), before: func(evs []event.Event) error {
 		if holds(evs, gate.EventID) {
 			gated.Do(func() {
 				close(reached)

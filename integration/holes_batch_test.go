@@ -14,6 +14,7 @@ import (
 	"transferconsumer/consumer"
 	"transferconsumer/db"
 	"transferconsumer/dlq"
+	"transferconsumer/event"
 )
 
 // A shutdown during a split. A batch of 50 (BATCH_MAX=50 whatever
@@ -37,7 +38,7 @@ func TestShutdownDuringASplitAppliesNothingBehindTheFailure(t *testing.T) {
 	var stream, valid []transfer
 	for i := 0; len(stream) < size; i++ {
 		if i == 40 {
-			wrong := transition(stream[30], consumer.EventTransferFailed)
+			wrong := transition(stream[30], event.TransferFailed)
 			wrong.Data.AmountMinor++
 			stream = append(stream, wrong)
 			continue
@@ -51,12 +52,12 @@ func TestShutdownDuringASplitAppliesNothingBehindTheFailure(t *testing.T) {
 	}
 
 	var mu sync.Mutex
-	var first, second []consumer.Event // the halves of the first attempt the database refused
+	var first, second []event.Event // the halves of the first attempt the database refused
 	inFirst := map[string]bool{}
 	var failing atomic.Bool
 	var failed atomic.Int64
 	app := &hookedInbox{Inbox: db.NewInbox(e.db),
-		before: func(evs []consumer.Event) error {
+		before: func(evs []event.Event) error {
 			if !failing.Load() {
 				return nil
 			}
@@ -65,17 +66,17 @@ func TestShutdownDuringASplitAppliesNothingBehindTheFailure(t *testing.T) {
 			for _, ev := range evs {
 				if inFirst[ev.ID] {
 					failed.Add(1)
-					return consumer.Transient(errors.New("the database is closed for maintenance (test)"))
+					return event.Transient(errors.New("the database is closed for maintenance (test)"))
 				}
 			}
 			return nil
 		},
-		after: func(evs []consumer.Event, err error) {
+		after: func(evs []event.Event, err error) {
 			mu.Lock()
 			defer mu.Unlock()
 			if first == nil && len(evs) > 1 && err != nil && holds(evs, refused.EventID) {
 				half := len(evs) / 2
-				first, second = append([]consumer.Event(nil), evs[:half]...), append([]consumer.Event(nil), evs[half:]...)
+				first, second = append([]event.Event(nil), evs[:half]...), append([]event.Event(nil), evs[half:]...)
 				for _, ev := range first {
 					inFirst[ev.ID] = true
 				}

@@ -8,6 +8,7 @@ import (
 	"transferconsumer/consumer"
 	"transferconsumer/db"
 	"transferconsumer/dlq"
+	"transferconsumer/event"
 )
 
 // A rolling deploy during a database outage keeps each account's order.
@@ -91,7 +92,7 @@ func TestRollingDeployDuringAnOutageKeepsEachAccountsOrder(t *testing.T) {
 				ev := seqs[q][i]
 				e.publish(ev)
 				stream = append(stream, ev)
-				if ev.EventType == consumer.EventTransferFailed {
+				if ev.EventType == event.TransferFailed {
 					contradicting = append(contradicting, ev)
 				}
 				more = true
@@ -154,7 +155,7 @@ func TestRollingDeployDuringAnOutageKeepsEachAccountsOrder(t *testing.T) {
 	e.checkMoney(created) // only the creations move money: no failure was applied
 	for _, ev := range stream {
 		want := 1
-		if ev.EventType == consumer.EventTransferFailed {
+		if ev.EventType == event.TransferFailed {
 			want = 0
 		}
 		if got := e.inboxRows(ev.EventID); got != want {
@@ -198,8 +199,8 @@ func classes(ls []dlqMessage) []any {
 // after any prefetch of 1 or more (with at least 51 messages, for 50)
 // include a failure whose completion the prefetch holds.
 func lagged(cs []transfer) []transfer {
-	done := func(i int) transfer { return transition(cs[i], consumer.EventTransferCompleted) }
-	failed := func(i int) transfer { return transition(cs[i], consumer.EventTransferFailed) }
+	done := func(i int) transfer { return transition(cs[i], event.TransferCompleted) }
+	failed := func(i int) transfer { return transition(cs[i], event.TransferFailed) }
 	out := []transfer{done(0), failed(0)}
 	for k := 1; k < len(cs); k++ {
 		out = append(out, done(k))

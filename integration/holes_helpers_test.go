@@ -14,6 +14,7 @@ import (
 
 	"transferconsumer/consumer"
 	"transferconsumer/db"
+	"transferconsumer/event"
 	"transferconsumer/retry"
 )
 
@@ -115,17 +116,17 @@ func (s *boundedService) stopWithin(d time.Duration) (time.Duration, bool) {
 // the inbox's own.
 type hookedInbox struct {
 	*db.Inbox
-	before func(evs []consumer.Event) error
-	after  func(evs []consumer.Event, err error)
+	before func(evs []event.Event) error
+	after  func(evs []event.Event, err error)
 }
 
-func (h *hookedInbox) Apply(ctx context.Context, ev consumer.Event) (consumer.Result, error) {
+func (h *hookedInbox) Apply(ctx context.Context, ev event.Event) (event.Result, error) {
 	l := h.Lane(0)
 	defer l.Close()
 	return l.Apply(ctx, ev)
 }
 
-func (h *hookedInbox) Lane(timeout time.Duration) consumer.Lane {
+func (h *hookedInbox) Lane(timeout time.Duration) event.Lane {
 	return &hookedLane{h: h, inner: h.Inbox.Lane(timeout).(consumer.BatchLane)}
 }
 
@@ -134,7 +135,7 @@ type hookedLane struct {
 	inner consumer.BatchLane
 }
 
-func (l *hookedLane) attempt(evs []consumer.Event, run func() error) error {
+func (l *hookedLane) attempt(evs []event.Event, run func() error) error {
 	if l.h.before != nil {
 		if err := l.h.before(evs); err != nil {
 			return err
@@ -147,15 +148,15 @@ func (l *hookedLane) attempt(evs []consumer.Event, run func() error) error {
 	return err
 }
 
-func (l *hookedLane) Apply(ctx context.Context, ev consumer.Event) (res consumer.Result, err error) {
-	err = l.attempt([]consumer.Event{ev}, func() error {
+func (l *hookedLane) Apply(ctx context.Context, ev event.Event) (res event.Result, err error) {
+	err = l.attempt([]event.Event{ev}, func() error {
 		res, err = l.inner.Apply(ctx, ev)
 		return err
 	})
 	return res, err
 }
 
-func (l *hookedLane) ApplyBatch(ctx context.Context, evs []consumer.Event) (outs []consumer.Outcome, err error) {
+func (l *hookedLane) ApplyBatch(ctx context.Context, evs []event.Event) (outs []event.Outcome, err error) {
 	err = l.attempt(evs, func() error {
 		outs, err = l.inner.ApplyBatch(ctx, evs)
 		return err
@@ -166,7 +167,7 @@ func (l *hookedLane) ApplyBatch(ctx context.Context, evs []consumer.Event) (outs
 func (l *hookedLane) Close() { l.inner.Close() }
 
 // holds reports whether evs holds the event id.
-func holds(evs []consumer.Event, id string) bool {
+func holds(evs []event.Event, id string) bool {
 	for _, ev := range evs {
 		if ev.ID == id {
 			return true

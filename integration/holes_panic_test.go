@@ -10,6 +10,7 @@ import (
 	"transferconsumer/consumer"
 	"transferconsumer/db"
 	"transferconsumer/dlq"
+	"transferconsumer/event"
 )
 
 // A panic and a poison message in one batch (with TEST_BATCH_MAX=50 the
@@ -26,7 +27,7 @@ func TestPanicAndPoisonInOneBatch(t *testing.T) {
 	from, to := "acc_pp_"+e.name, "acc_pq_"+e.name
 	a, p, b := newTransfer(from, to, 11), newTransfer(from, to, 13), newTransfer(from, to, 17)
 	var panics atomic.Int64
-	app := &hookedInbox{Inbox: db.NewInbox(e.db), before: func(evs []consumer.Event) error {
+	app := &hookedInbox{Inbox: db.NewInbox(e.db), before: func(evs []event.Event) error {
 		if holds(evs, p.EventID) {
 			panics.Add(1)
 			panic("the apply of " + p.EventID + " panics, always")

@@ -8,6 +8,7 @@ import (
 
 	"transferconsumer/consumer"
 	"transferconsumer/db"
+	"transferconsumer/event"
 )
 
 // Each worker keeps a database connection between events, but only while
@@ -80,7 +81,7 @@ func TestShutdownCancelsAStatementThatOutlivesIt(t *testing.T) {
 	}
 	waitFor(t, 30*time.Second, "the cancelled statement to leave the lock", func() bool { return waiting() == 0 })
 	ds := svc.rec.of(tr.EventID)
-	if len(ds) != 1 || ds[0].Action != consumer.ActionRequeue || ds[0].Class != consumer.ClassShutdown {
+	if len(ds) != 1 || ds[0].Action != consumer.ActionRequeue || ds[0].Class != event.ClassShutdown {
 		t.Fatalf("want one requeue at shutdown, got %+v", ds)
 	}
 	if n := e.inboxRows(tr.EventID); n != 0 {

@@ -11,6 +11,7 @@ import (
 
 	"transferconsumer/consumer"
 	"transferconsumer/db"
+	"transferconsumer/event"
 )
 
 // transition returns a TransferCompleted or TransferFailed of tr's transfer.
@@ -21,9 +22,9 @@ func transition(tr transfer, eventType string) transfer {
 	return next
 }
 
-func (e *env) apply(t *testing.T, tr transfer) (consumer.Result, error) {
+func (e *env) apply(t *testing.T, tr transfer) (event.Result, error) {
 	t.Helper()
-	ev, err := consumer.Decode(tr.body(), tr.EventID, tr.EventType)
+	ev, err := event.Decode(tr.body(), tr.EventID, tr.EventType)
 	if err != nil {
 		t.Fatalf("decode %s: %v", tr.EventType, err)
 	}
@@ -48,7 +49,7 @@ func (e *env) pendingCount() int {
 func TestLifecycleAllOrdersEndTheSame(t *testing.T) {
 	e := newEnv(t)
 	orders := [][3]int{{0, 1, 2}, {0, 2, 1}, {1, 0, 2}, {1, 2, 0}, {2, 0, 1}, {2, 1, 0}}
-	for _, final := range []string{consumer.EventTransferCompleted, consumer.EventTransferFailed} {
+	for _, final := range []string{event.TransferCompleted, event.TransferFailed} {
 		for _, dupOf := range []string{"Created", "final"} {
 			for _, order := range orders {
 				name := fmt.Sprintf("%s/dup_of_%s/%v", final, dupOf, order)
@@ -67,7 +68,7 @@ func TestLifecycleAllOrdersEndTheSame(t *testing.T) {
 						}
 					}
 					wantState, wantTo := "completed", int64(1234)
-					if final == consumer.EventTransferFailed {
+					if final == event.TransferFailed {
 						wantState, wantTo = "failed", 0
 					}
 					if s := e.transferState(created.Data.TransferID); s != wantState {
@@ -93,17 +94,17 @@ func TestLifecycleAllOrdersEndTheSame(t *testing.T) {
 func TestLifecycleContradictionsAreRejected(t *testing.T) {
 	e := newEnv(t)
 	isTransition := func(err error) bool {
-		return consumer.ClassOf(context.Background(), err) == consumer.ClassTransition
+		return event.ClassOf(context.Background(), err) == event.ClassTransition
 	}
 
 	// completed, then failed: the failure is refused and nothing is reversed.
 	tr := newTransfer("acc_c1_"+e.name, "acc_c2_"+e.name, 50)
-	for _, ev := range []transfer{tr, transition(tr, consumer.EventTransferCompleted)} {
+	for _, ev := range []transfer{tr, transition(tr, event.TransferCompleted)} {
 		if _, err := e.apply(t, ev); err != nil {
 			t.Fatal(err)
 		}
 	}
-	failed := transition(tr, consumer.EventTransferFailed)
+	failed := transition(tr, event.TransferFailed)
 	if _, err := e.apply(t, failed); !isTransition(err) {
 		t.Errorf("failed after completed: %v, want an invalid transition", err)
 	}
@@ -114,10 +115,10 @@ func TestLifecycleContradictionsAreRejected(t *testing.T) {
 	// Both final transitions before the creation: the second is refused on
 	// arrival; the first is applied when the creation comes.
 	tr2 := newTransfer("acc_d1_"+e.name, "acc_d2_"+e.name, 70)
-	if _, err := e.apply(t, transition(tr2, consumer.EventTransferFailed)); err != nil {
+	if _, err := e.apply(t, transition(tr2, event.TransferFailed)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.apply(t, transition(tr2, consumer.EventTransferCompleted)); !isTransition(err) {
+	if _, err := e.apply(t, transition(tr2, event.TransferCompleted)); !isTransition(err) {
 		t.Errorf("completed while failed is pending: %v, want an invalid transition", err)
 	}
 	if _, err := e.apply(t, tr2); err != nil {
@@ -135,7 +136,7 @@ func TestLifecycleContradictionsAreRejected(t *testing.T) {
 		t.Errorf("second creation: %v, want an invalid transition", err)
 	}
 	// A transition whose data does not match its transfer.
-	wrong := transition(tr2, consumer.EventTransferFailed)
+	wrong := transition(tr2, event.TransferFailed)
 	wrong.Data.AmountMinor = 71
 	if _, err := e.apply(t, wrong); !isTransition(err) {
 		t.Errorf("mismatching amount: %v, want an invalid transition", err)
@@ -149,15 +150,15 @@ func TestLifecycleThroughTheBroker(t *testing.T) {
 	e := newEnv(t)
 	svc := e.start(2, nil)
 	tr := newTransfer("acc_lb1_"+e.name, "acc_lb2_"+e.name, 300)
-	completed := transition(tr, consumer.EventTransferCompleted)
-	failed := transition(tr, consumer.EventTransferFailed)
+	completed := transition(tr, event.TransferCompleted)
+	failed := transition(tr, event.TransferFailed)
 
 	e.publish(completed)
 	e.publish(tr)
 	e.publish(failed)
 	waitFor(t, 20*time.Second, "three decisions", func() bool { return svc.rec.count() == 3 })
 
-	if d := svc.rec.of(failed.EventID); len(d) != 1 || d[0].Class != consumer.ClassTransition || d[0].Action != consumer.ActionDeadLetter {
+	if d := svc.rec.of(failed.EventID); len(d) != 1 || d[0].Class != event.ClassTransition || d[0].Action != consumer.ActionDeadLetter {
 		t.Errorf("contradicting failure: %+v, want dead-lettered as invalid-transition", d)
 	}
 	if s := e.transferState(tr.Data.TransferID); s != "completed" || e.balance(tr.Data.ToAccount) != 300 || e.pendingCount() != 0 {
@@ -185,9 +186,9 @@ func lifecycleStream(n int, accounts []string) []transfer {
 		var next []transfer
 		switch i % 3 {
 		case 1:
-			next = []transfer{transition(created, consumer.EventTransferCompleted)}
+			next = []transfer{transition(created, event.TransferCompleted)}
 		case 2:
-			next = []transfer{transition(created, consumer.EventTransferFailed)}
+			next = []transfer{transition(created, event.TransferFailed)}
 		}
 		if len(next) == 1 && i%10 == 4 {
 			out = append(out, next[0], created) // the transition first
@@ -217,15 +218,15 @@ func (e *env) checkLifecycle(events []transfer) {
 		seen[ev.EventID] = true
 		id := ev.Data.TransferID
 		switch ev.EventType {
-		case consumer.EventTransferCreated:
+		case event.TransferCreated:
 			balance[ev.Data.FromAccount] -= ev.Data.AmountMinor
 			balance[ev.Data.ToAccount] += ev.Data.AmountMinor
 			if state[id] == "" {
 				state[id] = "created"
 			}
-		case consumer.EventTransferCompleted:
+		case event.TransferCompleted:
 			state[id] = "completed"
-		case consumer.EventTransferFailed:
+		case event.TransferFailed:
 			state[id] = "failed"
 			balance[ev.Data.FromAccount] += ev.Data.AmountMinor
 			balance[ev.Data.ToAccount] -= ev.Data.AmountMinor
@@ -284,7 +285,7 @@ func TestContradictingTransitionEndsTheSameInEveryOrder(t *testing.T) {
 			e := newEnv(t)
 			svc := e.start(2, nil)
 			tr := newTransfer("acc_o1_"+e.name, "acc_o2_"+e.name, 400)
-			wrong := transition(tr, consumer.EventTransferFailed)
+			wrong := transition(tr, event.TransferFailed)
 			wrong.Data.AmountMinor = 401
 			headers := amqp.Table{"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
 			if order == "after its creation" {
@@ -302,7 +303,7 @@ func TestContradictingTransitionEndsTheSameInEveryOrder(t *testing.T) {
 				}
 				return false
 			})
-			if d := svc.rec.of(wrong.EventID); d[len(d)-1].Class != consumer.ClassTransition {
+			if d := svc.rec.of(wrong.EventID); d[len(d)-1].Class != event.ClassTransition {
 				t.Errorf("decisions %+v, want the last dead-lettered as invalid-transition", d)
 			}
 			if s, b := e.transferState(tr.Data.TransferID), e.balance(tr.Data.ToAccount); s != "created" || b != 400 {
@@ -345,7 +346,7 @@ func TestCreationRedeliveredAfterItsInboxRowWasPrunedIsADuplicate(t *testing.T) 
 	other := tr
 	other.Data.AmountMinor = 26
 	e.db.MustExec(`DELETE FROM processed_event WHERE event_id = $1`, tr.EventID)
-	if _, err := e.apply(t, other); consumer.ClassOf(context.Background(), err) != consumer.ClassTransition {
+	if _, err := e.apply(t, other); event.ClassOf(context.Background(), err) != event.ClassTransition {
 		t.Errorf("other data under the pruned eventId: %v, want an invalid transition", err)
 	}
 }

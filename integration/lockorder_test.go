@@ -5,8 +5,8 @@ import (
 	"sync"
 	"testing"
 
-	"transferconsumer/consumer"
 	"transferconsumer/db"
+	"transferconsumer/event"
 )
 
 // Transfers in both directions between the same accounts, applied from many
@@ -30,7 +30,7 @@ func TestOppositeTransfersNeverDeadlock(t *testing.T) {
 			for i := 0; i < perWorker; i++ {
 				from, to := accounts[(w+i)%3], accounts[(w+i+1+i%2)%3]
 				tr := newTransfer(from, to, int64(1+i))
-				ev, err := consumer.Decode(tr.body(), "", "")
+				ev, err := event.Decode(tr.body(), "", "")
 				if err != nil {
 					errs <- err
 					return

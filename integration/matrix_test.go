@@ -13,6 +13,7 @@ import (
 
 	"transferconsumer/consumer"
 	"transferconsumer/db"
+	"transferconsumer/event"
 )
 
 // Case 1: the same event published twice is applied once.
@@ -54,7 +55,7 @@ type crashAfterCommit struct {
 	once  sync.Once
 }
 
-func (c *crashAfterCommit) Apply(ctx context.Context, ev consumer.Event) (consumer.Result, error) {
+func (c *crashAfterCommit) Apply(ctx context.Context, ev event.Event) (event.Result, error) {
 	res, err := c.next.Apply(ctx, ev)
 	if err == nil {
 		c.once.Do(c.crash)
@@ -124,7 +125,7 @@ func TestMatrix3EffectFailsAfterClaim(t *testing.T) {
 	// at the inbox from outside the transaction: the claim must be gone.
 	var mu sync.Mutex
 	var inboxAfterFailure []int
-	app := applierFunc(func(ctx context.Context, ev consumer.Event) (consumer.Result, error) {
+	app := applierFunc(func(ctx context.Context, ev event.Event) (event.Result, error) {
 		res, err := db.NewInbox(e.db).Apply(ctx, ev)
 		if err != nil {
 			mu.Lock()
@@ -168,9 +169,9 @@ func TestMatrix3EffectFailsAfterClaim(t *testing.T) {
 	}
 }
 
-type applierFunc func(context.Context, consumer.Event) (consumer.Result, error)
+type applierFunc func(context.Context, event.Event) (event.Result, error)
 
-func (f applierFunc) Apply(ctx context.Context, ev consumer.Event) (consumer.Result, error) {
+func (f applierFunc) Apply(ctx context.Context, ev event.Event) (event.Result, error) {
 	return f(ctx, ev)
 }
 
@@ -198,7 +199,7 @@ func TestMatrix4Poison(t *testing.T) {
 	ds := append([]consumer.Decision(nil), svc.rec.all...)
 	svc.rec.mu.Unlock()
 	for i, d := range ds[:2] {
-		if d.Action != consumer.ActionDeadLetter || d.Class != consumer.ClassPoison || d.DeliveryCount != 0 || d.Redelivered {
+		if d.Action != consumer.ActionDeadLetter || d.Class != event.ClassPoison || d.DeliveryCount != 0 || d.Redelivered {
 			t.Errorf("decision %d: want poison dead-lettered on its first delivery, got %+v", i, d)
 		}
 	}
@@ -258,7 +259,7 @@ type gate struct {
 	open chan struct{}
 }
 
-func (b *barrier) Apply(ctx context.Context, ev consumer.Event) (consumer.Result, error) {
+func (b *barrier) Apply(ctx context.Context, ev event.Event) (event.Result, error) {
 	b.mu.Lock()
 	g := b.gates[ev.ID]
 	if g == nil {
@@ -274,7 +275,7 @@ func (b *barrier) Apply(ctx context.Context, ev consumer.Event) (consumer.Result
 	case <-g.open:
 	case <-time.After(15 * time.Second): // the other delivery never came; the assertions will say so
 	case <-ctx.Done():
-		return consumer.Result{}, ctx.Err()
+		return event.Result{}, ctx.Err()
 	}
 	return b.next.Apply(ctx, ev)
 }

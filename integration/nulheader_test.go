@@ -8,6 +8,7 @@ import (
 
 	"transferconsumer/consumer"
 	"transferconsumer/dlq"
+	"transferconsumer/event"
 )
 
 // A transition whose message carries a NUL in a header is a valid event:
@@ -19,7 +20,7 @@ func TestTransitionWithANULInAHeader(t *testing.T) {
 	e := newEnv(t)
 	svc := e.start(1, nil)
 	tr := newTransfer("acc_nul1_"+e.name, "acc_nul2_"+e.name, 400)
-	wrong := transition(tr, consumer.EventTransferCompleted)
+	wrong := transition(tr, event.TransferCompleted)
 	wrong.Data.AmountMinor = 401
 	headers := amqp.Table{"x-note": "before\x00after", "x-nested": amqp.Table{"k\x00": "v\x00"}}
 

@@ -16,9 +16,9 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"transferconsumer/consumer"
 	"transferconsumer/db"
 	"transferconsumer/dlq"
+	"transferconsumer/event"
 )
 
 // Reconciliation (adr/0007): every balance proved from the transfers, and
@@ -123,13 +123,13 @@ func TestReconcileCleanAfterLifecycleWithCrashesAndContradictions(t *testing.T) 
 	// another eventId.
 	var completed transfer
 	for _, ev := range events {
-		if ev.EventType == consumer.EventTransferCompleted {
+		if ev.EventType == event.TransferCompleted {
 			completed = ev
 		}
 	}
 	again := events[0]
 	again.EventID = newUUID()
-	events = append(events, transition(completed, consumer.EventTransferFailed), again)
+	events = append(events, transition(completed, event.TransferFailed), again)
 
 	var published atomic.Int64
 	if err := e.publishPipelined(events, &published); err != nil {
@@ -173,8 +173,8 @@ func TestReconcileNamesABalanceChangedBehindTheServicesBack(t *testing.T) {
 	paid := newTransfer(a, b, 100)
 	failed := newTransfer(b, c, 30)
 	back := newTransfer(c, a, 5)
-	for _, ev := range []transfer{paid, failed, transition(failed, consumer.EventTransferFailed),
-		back, transition(back, consumer.EventTransferCompleted)} {
+	for _, ev := range []transfer{paid, failed, transition(failed, event.TransferFailed),
+		back, transition(back, event.TransferCompleted)} {
 		if _, err := e.apply(t, ev); err != nil {
 			t.Fatal(err)
 		}
@@ -227,7 +227,7 @@ func TestReconcileNamesTwoCreationsOfOneIntent(t *testing.T) {
 	a, b := "acc_a_"+e.name, "acc_b_"+e.name
 	first, second := newTransfer(a, b, 700), newTransfer(a, b, 700)
 	failed, old, other := newTransfer(a, b, 700), newTransfer(a, b, 700), newTransfer(a, b, 701)
-	for _, ev := range []transfer{old, failed, transition(failed, consumer.EventTransferFailed), first, other, second} {
+	for _, ev := range []transfer{old, failed, transition(failed, event.TransferFailed), first, other, second} {
 		if _, err := e.apply(t, ev); err != nil {
 			t.Fatal(err)
 		}
@@ -262,8 +262,8 @@ func TestReconcileNamesTwoCreationsOfOneIntent(t *testing.T) {
 func TestReconcileNamesATransitionWaitingForACreationThatNeverCame(t *testing.T) {
 	e := newEnv(t)
 	lost := newTransfer("acc_a_"+e.name, "acc_b_"+e.name, 9)
-	waiting := transition(lost, consumer.EventTransferCompleted)
-	fresh := transition(newTransfer("acc_a_"+e.name, "acc_b_"+e.name, 10), consumer.EventTransferFailed)
+	waiting := transition(lost, event.TransferCompleted)
+	fresh := transition(newTransfer("acc_a_"+e.name, "acc_b_"+e.name, 10), event.TransferFailed)
 	for _, ev := range []transfer{waiting, fresh} {
 		if _, err := e.apply(t, ev); err != nil {
 			t.Fatal(err)

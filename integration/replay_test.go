@@ -13,6 +13,7 @@ import (
 	"transferconsumer/consumer"
 	"transferconsumer/db"
 	"transferconsumer/dlq"
+	"transferconsumer/event"
 )
 
 // The operator's path: dead letters pile up, someone looks at them many
@@ -25,7 +26,7 @@ func TestReplayAfterFixIsSafe(t *testing.T) {
 	inbox := db.NewInbox(e.db)
 	var fixed atomic.Bool
 	broken := "acc_broken_" + e.name
-	app := applierFunc(func(ctx context.Context, ev consumer.Event) (consumer.Result, error) {
+	app := applierFunc(func(ctx context.Context, ev event.Event) (event.Result, error) {
 		if ev.Transfer.ToAccount == broken && !fixed.Load() {
 			panic("a bug this account's events reach") // until it is fixed
 		}
@@ -122,9 +123,9 @@ func TestReplayRunEndsWhileItsLettersFailAgain(t *testing.T) {
 	inbox := db.NewInbox(e.db)
 	run := randomSuffix()
 	rejected := "acc_rej_" + run
-	app := applierFunc(func(ctx context.Context, ev consumer.Event) (consumer.Result, error) {
+	app := applierFunc(func(ctx context.Context, ev event.Event) (event.Result, error) {
 		if ev.Transfer.ToAccount == rejected {
-			return consumer.Result{}, consumer.Rejected(errors.New("the database refuses this account's events"))
+			return event.Result{}, event.Rejected(errors.New("the database refuses this account's events"))
 		}
 		return inbox.Apply(ctx, ev)
 	})

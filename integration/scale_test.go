@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"transferconsumer/consumer"
+	"transferconsumer/event"
 )
 
 func accountNames(n int, suffix string) []string {
@@ -55,7 +56,7 @@ func TestHotAccountsNeverDeadlock(t *testing.T) {
 
 	svc.rec.mu.Lock()
 	for _, d := range svc.rec.all {
-		if d.Err != nil && d.Class != consumer.ClassTransition {
+		if d.Err != nil && d.Class != event.ClassTransition {
 			t.Errorf("decision with an error: %+v", d)
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"transferconsumer/consumer"
+	"transferconsumer/event"
 )
 
 // A worker stuck in a database call that cannot be interrupted (here an
@@ -20,13 +21,13 @@ func TestShutdownLeavesAWorkerStuckInTheDatabaseBehind(t *testing.T) {
 	entered := make(chan struct{}, 1)
 	stuck := make(chan struct{})
 	defer close(stuck)
-	app := applierFunc(func(ctx context.Context, ev consumer.Event) (consumer.Result, error) {
+	app := applierFunc(func(ctx context.Context, ev event.Event) (event.Result, error) {
 		select {
 		case entered <- struct{}{}:
 		default:
 		}
 		<-stuck
-		return consumer.Result{}, nil
+		return event.Result{}, nil
 	})
 	svc := e.startWith(1, app, func(c *consumer.Config) { c.ShutdownTimeout = 200 * time.Millisecond })
 	tr := newTransfer("acc_s_"+e.name, "acc_t_"+e.name, 700)

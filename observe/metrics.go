@@ -10,6 +10,7 @@ import (
 	"transferconsumer/config"
 	"transferconsumer/consumer"
 	"transferconsumer/db"
+	"transferconsumer/event"
 )
 
 // Metrics are the service's Prometheus series. Each is fed from one place:
@@ -143,7 +144,7 @@ func (m *Metrics) Decided(d consumer.Decision) {
 	outcome := d.Outcome()
 	m.events.WithLabelValues(outcome, string(d.Class)).Inc()
 	m.latency.WithLabelValues(outcome).Observe(d.Duration.Seconds())
-	if d.Class == consumer.ClassConflict {
+	if d.Class == event.ClassConflict {
 		m.conflicts.Inc()
 	}
 }

@@ -1,4 +1,12 @@
-package consumer
+// Package event is what the consumer and the database side share: the
+// transfer event as decoded from a message (Decode), what applying it did
+// (Result, Outcome), what a dead letter of it keeps (Message, OutboxLetter,
+// HeadersJSON), and the failure classes every error is put in (class.go).
+// It imports no package of the project; the consumer's ports that the
+// database implements (Applier, Lanes, Outbox, Parker, Prober) stay in the
+// consumer, and what each class does to a delivery is the consumer's
+// decision.
+package event
 
 import (
 	"bytes"
@@ -15,13 +23,13 @@ import (
 
 // The event types of a transfer's life. Any other eventType is poison.
 const (
-	EventTransferCreated   = "TransferCreated"   // moves the amount
-	EventTransferCompleted = "TransferCompleted" // created → completed
-	EventTransferFailed    = "TransferFailed"    // created → failed, reversing the amount
+	TransferCreated   = "TransferCreated"   // moves the amount
+	TransferCompleted = "TransferCompleted" // created → completed
+	TransferFailed    = "TransferFailed"    // created → failed, reversing the amount
 )
 
 func knownType(t string) bool {
-	return t == EventTransferCreated || t == EventTransferCompleted || t == EventTransferFailed
+	return t == TransferCreated || t == TransferCompleted || t == TransferFailed
 }
 
 // Event is a decoded, validated transfer event. Every field has been checked
@@ -35,7 +43,7 @@ type Event struct {
 	// keeps it so that the same eventId with other content (a producer bug)
 	// can be told apart from an honest redelivery.
 	Fingerprint []byte
-	// Message is the delivery the event came in, set by the worker; a
+	// Message is the delivery the event came in, set by the consumer; a
 	// transition that waits for its creation keeps it for a dead letter.
 	Message Message
 }
@@ -112,8 +120,9 @@ func Decode(body []byte, messageID, msgType string) (Event, error) {
 // a 1 MiB reason, formatted again at every step and logged at error level.
 const maxQuoted = 80
 
-// quote returns s quoted, cut at maxQuoted bytes with its full length said.
-func quote(s string) string {
+// Quote returns s quoted, cut at maxQuoted bytes with its full length said:
+// the way an error's reason names a value a message brought.
+func Quote(s string) string {
 	if len(s) <= maxQuoted {
 		return strconv.Quote(s)
 	}
@@ -133,24 +142,24 @@ func decode(body []byte, messageID, msgType string) (Event, error) {
 		return Event{}, fmt.Errorf("body is not a JSON event: %w", err)
 	}
 	if !isUUID(w.EventID) {
-		return Event{}, fmt.Errorf("eventId %s is not a UUID", quote(w.EventID))
+		return Event{}, fmt.Errorf("eventId %s is not a UUID", Quote(w.EventID))
 	}
 	ev := Event{ID: lower(w.EventID)}
 	if knownType(w.EventType) {
 		ev.Type = w.EventType
 	}
 	if messageID != "" && !strings.EqualFold(messageID, w.EventID) {
-		return ev, fmt.Errorf("message_id %s does not match eventId %s", quote(messageID), quote(w.EventID))
+		return ev, fmt.Errorf("message_id %s does not match eventId %s", Quote(messageID), Quote(w.EventID))
 	}
 	if !knownType(w.EventType) {
-		return ev, fmt.Errorf("unknown eventType %s", quote(w.EventType))
+		return ev, fmt.Errorf("unknown eventType %s", Quote(w.EventType))
 	}
 	if msgType != "" && msgType != w.EventType {
-		return ev, fmt.Errorf("type property %s does not match eventType %s", quote(msgType), quote(w.EventType))
+		return ev, fmt.Errorf("type property %s does not match eventType %s", Quote(msgType), Quote(w.EventType))
 	}
 	at, err := time.Parse(time.RFC3339Nano, w.OccurredAt)
 	if err != nil {
-		return ev, fmt.Errorf("occurredAt %s is not an RFC 3339 time", quote(w.OccurredAt))
+		return ev, fmt.Errorf("occurredAt %s is not an RFC 3339 time", Quote(w.OccurredAt))
 	}
 	ev.OccurredAt = at.UTC()
 	if w.Data == nil {
@@ -167,7 +176,7 @@ func decode(body []byte, messageID, msgType string) (Event, error) {
 
 func decodeTransfer(d *wireData) (Transfer, error) {
 	if !isUUID(d.TransferID) {
-		return Transfer{}, fmt.Errorf("data.transferId %s is not a UUID", quote(d.TransferID))
+		return Transfer{}, fmt.Errorf("data.transferId %s is not a UUID", Quote(d.TransferID))
 	}
 	if err := checkAccount("data.fromAccount", d.FromAccount); err != nil {
 		return Transfer{}, err
@@ -176,14 +185,14 @@ func decodeTransfer(d *wireData) (Transfer, error) {
 		return Transfer{}, err
 	}
 	if d.FromAccount == d.ToAccount {
-		return Transfer{}, fmt.Errorf("data.fromAccount and data.toAccount are both %s", quote(d.FromAccount))
+		return Transfer{}, fmt.Errorf("data.fromAccount and data.toAccount are both %s", Quote(d.FromAccount))
 	}
 	amount, err := parseAmount(d.AmountMinor)
 	if err != nil {
 		return Transfer{}, err
 	}
 	if !isCurrency(d.Currency) {
-		return Transfer{}, fmt.Errorf("data.currency %s is not three upper-case letters", quote(d.Currency))
+		return Transfer{}, fmt.Errorf("data.currency %s is not three upper-case letters", Quote(d.Currency))
 	}
 	return Transfer{
 		ID:          lower(d.TransferID),
@@ -202,11 +211,11 @@ func parseAmount(raw json.RawMessage) (int64, error) {
 		return 0, fmt.Errorf("data.amountMinor is missing")
 	}
 	if raw[0] != '-' && (raw[0] < '0' || raw[0] > '9') {
-		return 0, fmt.Errorf("data.amountMinor %s is not an integer", quote(string(raw)))
+		return 0, fmt.Errorf("data.amountMinor %s is not an integer", Quote(string(raw)))
 	}
 	n, err := strconv.ParseInt(string(raw), 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("data.amountMinor %s is not an integer number of minor units", quote(string(raw)))
+		return 0, fmt.Errorf("data.amountMinor %s is not an integer number of minor units", Quote(string(raw)))
 	}
 	if n <= 0 {
 		return 0, fmt.Errorf("data.amountMinor %d is not positive", n)
@@ -217,14 +226,14 @@ func parseAmount(raw json.RawMessage) (int64, error) {
 func checkAccount(field, s string) error {
 	n := utf8.RuneCountInString(s)
 	if n < 1 || n > 64 {
-		return fmt.Errorf("%s %s must be 1 to 64 characters", field, quote(s))
+		return fmt.Errorf("%s %s must be 1 to 64 characters", field, Quote(s))
 	}
 	for _, r := range s {
 		if ' ' <= r && r <= '~' {
 			continue // printable ASCII, the usual case, without the table lookup
 		}
 		if !unicode.IsPrint(r) {
-			return fmt.Errorf("%s %s has a non-printable character", field, quote(s))
+			return fmt.Errorf("%s %s has a non-printable character", field, Quote(s))
 		}
 	}
 	return nil

@@ -1,4 +1,4 @@
-package consumer
+package event
 
 import (
 	"bytes"
@@ -19,7 +19,7 @@ func TestDecodeAcceptsTheContractSample(t *testing.T) {
 	}
 	want := Transfer{ID: "0c8a4c0e-2d37-4c61-8f0e-1e5d2b7a9e33", FromAccount: "acc_00001",
 		ToAccount: "acc_00002", AmountMinor: 10000, Currency: "EUR"}
-	if ev.ID != "3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10" || ev.Type != EventTransferCreated || ev.Transfer != want {
+	if ev.ID != "3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10" || ev.Type != TransferCreated || ev.Transfer != want {
 		t.Errorf("got %+v", ev)
 	}
 	if len(ev.Fingerprint) != 32 {
@@ -138,12 +138,12 @@ func TestDecodePoisonKeepsWhatCouldBeRead(t *testing.T) {
 		wantType       string
 		wantReasonSize int // at most
 	}{
-		{"negative amount", body("10000", "-100"), "3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10", EventTransferCreated, 200},
+		{"negative amount", body("10000", "-100"), "3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10", TransferCreated, 200},
 		{"unknown type", body("TransferCreated", "TransferExploded"), "3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10", "", 200},
 		{"bad eventId", body("3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10", "nope"), "", "", 200},
-		{"1 MiB fromAccount", body(`"fromAccount":"acc_00001"`, `"fromAccount":"`+huge+`"`), "3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10", EventTransferCreated, 300},
+		{"1 MiB fromAccount", body(`"fromAccount":"acc_00001"`, `"fromAccount":"`+huge+`"`), "3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10", TransferCreated, 300},
 		{"1 MiB eventType", body("TransferCreated", huge), "3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10", "", 300},
-		{"1 MiB amount", body("10000", "1"+strings.Repeat("0", 1<<20)), "3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10", EventTransferCreated, 300},
+		{"1 MiB amount", body("10000", "1"+strings.Repeat("0", 1<<20)), "3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10", TransferCreated, 300},
 	}
 	for _, tt := range tests {
 		ev, err := Decode(tt.body, "", "")
