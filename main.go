@@ -168,6 +168,7 @@ func serve(ctx context.Context, cfg config.Config, migrations fs.FS, stderr io.W
 	}()
 
 	ccfg := cfg.Consumer(log)
+	ccfg.Producers.Log(log)
 	ccfg.Observe = m.Decided
 	ccfg.ObserveRetry = m.Retried
 	ccfg.ObserveBatch = m.Batch

@@ -156,7 +156,7 @@ func dlqCommand(cfg config.Config, a dlqArgs, stdin io.Reader, stdout, stderr io
 	if !a.includeOld {
 		a.filter.FailedAfter = time.Now().Add(-cfg.InboxTTL)
 	}
-	r, err := dlq.Replay(conn, cfg.Prefix, a.filter, a.limit, a.dryRun)
+	r, err := dlq.ReplayAs(conn, cfg.Prefix, a.filter, a.limit, a.dryRun, dlq.Custody{Replayers: strings.Split(cfg.Replayers, ",")})
 	err = noDLQ(cfg, err)
 	verb := "replayed"
 	if a.dryRun {

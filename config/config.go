@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/kelseyhightower/envconfig"
+
+	"transferconsumer/consumer"
 )
 
 // Config is every setting, each an environment variable; --help prints them.
@@ -23,6 +25,8 @@ type Config struct {
 	DatabaseURL     string        `envconfig:"DATABASE_URL" default:"postgres://postgres@localhost:5432/transfers?sslmode=disable" desc:"PostgreSQL URL, or libpq's key=value form; several hosts (postgres://u@h1:5432,h2:5432/db?target_session_attrs=read-write) are tried in turn; the database is created if missing (when the user may and MIGRATE=true)"`
 	DatabaseURLFile string        `envconfig:"DATABASE_URL_FILE" desc:"file holding DATABASE_URL's value, read again for each new connection, so a rotated password needs no restart; not with DATABASE_URL"`
 	RequireSync     bool          `envconfig:"REQUIRE_SYNC_STANDBY" default:"false" desc:"refuse to consume while the database names no synchronous standby (synchronous_standby_names), as a failover to an asynchronous standby may lose events already acked; read at each new connection and every 10 s, and /readyz says why"`
+	Producers       string        `envconfig:"PRODUCERS" desc:"comma-separated broker users whose events are applied (their user_id); any other event, or one without user_id, is dead-lettered as unauthorized; empty accepts any publisher (adr/0008)"`
+	Replayers       string        `envconfig:"REPLAYERS" desc:"comma-separated broker users that run dlq replay: a message whose user_id is one of them is judged by the first producer its x-original-user-id names; none may be in PRODUCERS too"`
 	Migrate         bool          `envconfig:"MIGRATE" default:"true" desc:"apply missing migrations at start, when the role may; false never changes the database: the service only checks that the schema is current, and waits until it is"`
 	QueueCount      int           `envconfig:"QUEUE_COUNT" default:"8" desc:"partition queues PREFIX.0 … PREFIX.(N-1) bound to the hash exchange"`
 	Prefix          string        `envconfig:"TOPOLOGY_PREFIX" default:"transfers" desc:"name of the hash exchange and prefix of the queues, PREFIX.dlx and PREFIX.dlq"`
@@ -124,6 +128,9 @@ func (c Config) validate() error {
 	}
 	if err := c.checkTLSFiles(); err != nil { // tlsfiles.go
 		return fmt.Errorf("configuration: %w", err)
+	}
+	if _, err := consumer.NewProducers(c.Producers, c.Replayers); err != nil {
+		return bad("PRODUCERS/REPLAYERS", "%v", err)
 	}
 	switch {
 	case c.QueueCount < 1 || c.QueueCount > 1024:

@@ -58,6 +58,7 @@ func (c Config) Consumer(log *slog.Logger) consumer.Config {
 	if c.AMQPURLFile != "" {
 		urlsFunc = c.BrokerURLs
 	}
+	producers, _ := consumer.NewProducers(c.Producers, c.Replayers) // validated at load
 	return consumer.Config{
 		URLs:            urls,
 		URLsFunc:        urlsFunc,
@@ -72,6 +73,7 @@ func (c Config) Consumer(log *slog.Logger) consumer.Config {
 		BatchMax:        c.BatchMax,
 		BatchLinger:     c.BatchLinger,
 		MaxBodyBytes:    c.MaxBodyBytes,
+		Producers:       producers,
 		Retry:           retry.Backoff{Min: c.RetryMin, Max: c.RetryMax},
 		Reconnect:       c.Reconnect(),
 		Logger:          log,

@@ -17,7 +17,7 @@ const (
 //
 //	class                                   action
 //	(none: applied or duplicate)            ack after the commit
-//	poison, producer-conflict,
+//	poison, producer-conflict, unauthorized,
 //	invalid-transition, data-rejected       dead-letter now (the message caused it); a batch is split first
 //	transient, unknown                      retry in place (the environment caused it, or may have)
 //	panic                                   retry in place; a batch is split; dead-letter after three panics alone,

@@ -50,7 +50,11 @@ type Config struct {
 	// dead-lettered undecoded. 0 means no bound, which only tests use: the
 	// service's configuration requires MAX_BODY_BYTES of at least 1024, so
 	// the service always sets one.
-	MaxBodyBytes    int
+	MaxBodyBytes int
+	// Producers are the broker users whose events may move money, and
+	// those whose replays keep the first producer (adr/0008); nil accepts
+	// any publisher.
+	Producers       *Producers
 	ShutdownTimeout time.Duration // how long the message in hand may take once shutdown starts
 	ApplyTimeout    time.Duration // one attempt to apply an event
 	Retry           retry.Backoff // between attempts of a transient failure

@@ -207,6 +207,10 @@ func (w *worker) gather() {
 // in place when the queue's last dead letter was a panic too with nothing
 // applied since (core.work).
 func (w *worker) take(d amqp.Delivery) {
+	// The first producer is judged, and stamped in the headers, before
+	// anything reads them: a dead letter's copy carries who sent it.
+	var unauthorized error
+	d.Headers, unauthorized = w.svc.cfg.Producers.Admit(d.UserId, d.Headers)
 	h := &delivery{d: d, start: w.now()}
 	if t := w.svc.cfg.Tracer; t != nil {
 		_, h.span = w.startDelivery(t, d)
@@ -216,7 +220,9 @@ func (w *worker) take(d amqp.Delivery) {
 	}
 	w.held[d.DeliveryTag] = h
 	s := &slot{Tag: d.DeliveryTag}
-	if max := w.svc.cfg.MaxBodyBytes; max > 0 && len(d.Body) > max {
+	if unauthorized != nil { // never decoded, never applied
+		s.Err = unauthorized
+	} else if max := w.svc.cfg.MaxBodyBytes; max > 0 && len(d.Body) > max {
 		s.Err = event.Poison(fmt.Errorf("body of %d bytes is over MAX_BODY_BYTES (%d): not decoded", len(d.Body), max))
 	} else {
 		s.Event, s.Err = w.decode(d)

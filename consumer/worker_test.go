@@ -18,6 +18,7 @@ func TestDecide(t *testing.T) {
 		{event.ClassConflict, ActionDeadLetter},
 		{event.ClassTransition, ActionDeadLetter},
 		{event.ClassRejected, ActionDeadLetter},
+		{event.ClassUnauthorized, ActionDeadLetter},
 		{event.ClassTransient, ActionRetry},
 		{event.ClassUnknown, ActionRetry},
 		{event.ClassPanic, ActionRetry},

@@ -68,7 +68,7 @@ func NewMetrics(h *Health, cfg config.Config) *Metrics {
 	}
 	// Series an alert watches exist from the start, at zero.
 	for _, oc := range [][2]string{{"applied", ""}, {"duplicate", ""}, {"requeued", "unknown"},
-		{"dead_lettered", "poison"}, {"dead_lettered", "producer-conflict"}, {"dead_lettered", "invalid-transition"}} {
+		{"dead_lettered", "poison"}, {"dead_lettered", "producer-conflict"}, {"dead_lettered", "invalid-transition"}, {"dead_lettered", "unauthorized"}} {
 		m.events.WithLabelValues(oc[0], oc[1])
 	}
 	m.applied, m.duplicate = m.events.WithLabelValues("applied", ""), m.events.WithLabelValues("duplicate", "")
