@@ -120,6 +120,11 @@ func parseURI(s, scheme string) (DSN, error) {
 		if kerr != nil || verr != nil {
 			return DSN{}, errors.New("a query parameter has an invalid % escape")
 		}
+		if !isKeyword(key) {
+			// libpq's keywords are words; the driver's form could not
+			// carry another key, and libpq refuses one too.
+			return DSN{}, fmt.Errorf("query parameter %d is not a connection keyword", len(d.params)+1)
+		}
 		d.set(key, value)
 	}
 	return d, nil
@@ -127,10 +132,11 @@ func parseURI(s, scheme string) (DSN, error) {
 
 // parseKeywords reads libpq's keyword/value form: key = value pairs apart
 // by blanks, a value quoted with ' when it holds blanks, \ escaping the
-// next character.
+// next character. It reads bytes, not runes: every delimiter is ASCII, and
+// a value's bytes pass through as they are, valid UTF-8 or not.
 func parseKeywords(s string) (DSN, error) {
 	var d DSN
-	r := []rune(s)
+	r := []byte(s)
 	i := 0
 	blank := func() {
 		for i < len(r) && isBlank(r[i]) {
@@ -153,7 +159,7 @@ func parseKeywords(s string) (DSN, error) {
 		}
 		i++ // the '='
 		blank()
-		var value []rune
+		var value []byte
 		if i < len(r) && r[i] == '\'' {
 			i++
 			for ; ; i++ {
@@ -184,7 +190,21 @@ func parseKeywords(s string) (DSN, error) {
 	return d, nil
 }
 
-func isBlank(r rune) bool {
+// isKeyword reports whether key can be a libpq connection keyword (or a
+// run-time parameter lib/pq passes on): letters, digits and underscores.
+func isKeyword(key string) bool {
+	if key == "" {
+		return false
+	}
+	for _, r := range key {
+		if !(r == '_' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+func isBlank(r byte) bool {
 	return r == ' ' || r == '\t' || r == '\n' || r == '\r' || r == '\f' || r == '\v'
 }
 
