@@ -41,10 +41,13 @@ type scaleResult struct {
 // drainResult is one backlog drained by the service into a database of Rows
 // inbox rows (0: a freshly migrated, empty one).
 type drainResult struct {
-	Rows         int      `json:"inbox_rows"`
-	Transfers    int      `json:"transfers"`
-	BatchMax     int      `json:"batch_max"`
-	Round        int      `json:"round"`
+	Rows      int `json:"inbox_rows"`
+	Transfers int `json:"transfers"`
+	BatchMax  int `json:"batch_max"`
+	Round     int `json:"round"`
+	// With -vary, the server setting this drain ran with (NAME=VALUE);
+	// empty for the settings the run started with.
+	Setting      string   `json:"setting,omitempty"`
 	Events       int      `json:"events"`
 	EventsPerSec float64  `json:"events_per_sec"`
 	WALPerEvent  float64  `json:"wal_bytes_per_event"`
@@ -87,6 +90,7 @@ func runScale(args []string) {
 	fs.StringVar(&s.SharedBuffers, "shared-buffers", "128MB", "the server's shared_buffers")
 	fs.StringVar(&s.Autovacuum, "autovacuum", "on", "the server's autovacuum")
 	fs.StringVar(&s.WALKeepSize, "wal-keep-size", "8GB", "the server's wal_keep_size (keeps measured WAL for pg_waldump)")
+	vary := fs.String("vary", "", "NAME=V1,V2,...: drain once with each value of one server setting a reload can change (wal_compression, checkpoint_timeout, max_wal_size), set by ALTER SYSTEM between drains over the same prefilled databases")
 	pgBin := fs.String("pg-bin", "/usr/lib/postgresql/15/bin", "the PostgreSQL binaries: initdb, postgres, pg_waldump")
 	dir := fs.String("dir", os.TempDir(), "where the server's temporary data directory goes (on the disk measured)")
 	out := fs.String("out", "", "JSON results (default results/scale-ROWS.json)")
@@ -173,21 +177,40 @@ func runScale(args []string) {
 		res.Loads = append(res.Loads, l)
 		dbs[n] = name
 	}
+	settings := []string{""}
+	if *vary != "" {
+		name, values, ok := strings.Cut(*vary, "=")
+		if !ok {
+			fail(fmt.Errorf("-vary: want NAME=V1,V2,..., got %q", *vary))
+		}
+		settings = nil
+		for _, v := range strings.Split(values, ",") {
+			settings = append(settings, name+"="+strings.TrimSpace(v))
+		}
+	}
 	seed := uint64(seed)
 	for r := 1; r <= max(*rounds, 1); r++ {
-		for i, n := range rowsList {
-			for _, b := range batchList {
-				seed++
-				d, err := s2.drain(dbs[n], b, seed)
-				if err != nil {
-					fail(fmt.Errorf("drain at %d rows, BATCH_MAX=%d: %w", n, b, err))
+		for _, setting := range settings {
+			if err := s2.set(setting); err != nil {
+				fail(err)
+			}
+			for i, n := range rowsList {
+				for _, b := range batchList {
+					seed++
+					d, err := s2.drain(dbs[n], b, seed)
+					if err != nil {
+						fail(fmt.Errorf("drain at %d rows, BATCH_MAX=%d: %w", n, b, err))
+					}
+					d.Rows, d.Transfers, d.Round, d.Setting = n, transfersList[i], r, setting
+					fmt.Fprintf(os.Stderr, "scale: %d rows, BATCH_MAX=%d %s: %.0f events/s, %.0f B and %.2f FPI per event, %d checkpoint(s)\n",
+						n, b, setting, d.EventsPerSec, d.WALPerEvent, d.FPIPerEvent, d.WAL.Checkpoints)
+					res.Drains = append(res.Drains, d)
 				}
-				d.Rows, d.Transfers, d.Round = n, transfersList[i], r
-				fmt.Fprintf(os.Stderr, "scale: %d rows, BATCH_MAX=%d: %.0f events/s, %.0f B and %.2f FPI per event, %d checkpoint(s)\n",
-					n, b, d.EventsPerSec, d.WALPerEvent, d.FPIPerEvent, d.WAL.Checkpoints)
-				res.Drains = append(res.Drains, d)
 			}
 		}
+	}
+	if err := s2.set(""); err != nil {
+		fail(err)
 	}
 	for _, n := range rowsList {
 		if n == 0 {
@@ -219,6 +242,47 @@ type scaleRun struct {
 	ttl    time.Duration
 	queues int
 }
+
+// set changes one server setting ("NAME=VALUE") with ALTER SYSTEM and a
+// reload, and checks that a new session sees it; "" goes back to the
+// settings the server started with.
+func (s *scaleRun) set(setting string) error {
+	if setting == "" {
+		if _, err := s.admin.Exec(`ALTER SYSTEM RESET ALL`); err != nil {
+			return err
+		}
+		_, err := s.admin.Exec(`SELECT pg_reload_conf()`)
+		return err
+	}
+	name, value, _ := strings.Cut(setting, "=")
+	if _, err := s.admin.Exec(fmt.Sprintf("ALTER SYSTEM SET %s = '%s'", name, strings.ReplaceAll(value, "'", "''"))); err != nil {
+		return err
+	}
+	if _, err := s.admin.Exec(`SELECT pg_reload_conf()`); err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		db := s.open("postgres")
+		var got, pending string
+		err := db.QueryRow(`SELECT current_setting($1), pending_restart::text FROM pg_settings WHERE name = $1`, name).Scan(&got, &pending)
+		db.Close()
+		if err != nil {
+			return err
+		}
+		if pending == "true" {
+			return fmt.Errorf("%s needs a restart: -vary takes only what a reload changes", name)
+		}
+		if strings.EqualFold(got, value) || normalizeSetting(got) == normalizeSetting(value) {
+			fmt.Fprintf(os.Stderr, "scale: %s = %s\n", name, got)
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s is still %s, not %s, 10 s after the reload", name, got, value)
+		}
+	}
+}
+
+func normalizeSetting(v string) string { return strings.ToLower(strings.ReplaceAll(v, " ", "")) }
 
 func (s *scaleRun) open(name string) *sql.DB {
 	db, err := sql.Open("postgres", s.p.url(name))
@@ -301,7 +365,7 @@ func (s *scaleRun) drain(name string, batch int, seed uint64) (drainResult, erro
 	if err != nil {
 		return d, err
 	}
-	if _, err := db.Exec("CHECKPOINT"); err != nil {
+	if err := checkpoint(db); err != nil {
 		return d, err
 	}
 	var mark time.Time
@@ -411,7 +475,7 @@ func (s *scaleRun) prune(name string) (pruneResult, error) {
 	if err != nil {
 		return pr, err
 	}
-	if _, err := db.Exec("CHECKPOINT"); err != nil {
+	if err := checkpoint(db); err != nil {
 		return pr, err
 	}
 	w, err := beginWAL(db)
@@ -495,3 +559,26 @@ func humanCount(n int) string {
 }
 
 func mib(b int64) string { return fmt.Sprintf("%.0f MiB", float64(b)/(1<<20)) }
+
+// checkpoint runs CHECKPOINT and waits until pg_stat_bgwriter counts it
+// (the checkpointer reports it after the command returns), so that a range
+// begun after it does not count it.
+func checkpoint(db *sql.DB) error {
+	count := func() (n int64, err error) {
+		err = db.QueryRow(`SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter`).Scan(&n)
+		return n, err
+	}
+	before, err := count()
+	if err != nil {
+		return err
+	}
+	if _, err := db.Exec("CHECKPOINT"); err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if n, err := count(); err != nil || n > before {
+			return err
+		}
+	}
+	return fmt.Errorf("the CHECKPOINT was not counted within 10 s")
+}

@@ -75,17 +75,25 @@ func startPG(bin, parent string, s pgSettings) (*pgServer, error) {
 	}
 	p.port = ln.Addr().(*net.TCPAddr).Port
 	ln.Close()
-	args := []string{"-D", p.data, "-p", strconv.Itoa(p.port),
-		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=" + dir,
-		"-c", "autovacuum=" + s.Autovacuum,
-		"-c", "checkpoint_timeout=" + s.CheckpointTimeout,
-		"-c", "max_wal_size=" + s.MaxWALSize,
-		"-c", "wal_compression=" + s.WALCompression,
-		"-c", "shared_buffers=" + s.SharedBuffers,
-		"-c", "wal_keep_size=" + s.WALKeepSize,
-		"-c", "max_connections=200",
-		"-c", "log_checkpoints=on", "-c", "log_autovacuum_min_duration=0",
+	// In postgresql.conf, not on the command line, so that ALTER SYSTEM
+	// (-vary) can override them.
+	conf := fmt.Sprintf("\n# bench scale\nautovacuum = %s\ncheckpoint_timeout = '%s'\nmax_wal_size = '%s'\n"+
+		"wal_compression = '%s'\nshared_buffers = '%s'\nwal_keep_size = '%s'\nmax_connections = 200\n"+
+		"log_checkpoints = on\nlog_autovacuum_min_duration = 0\n",
+		s.Autovacuum, s.CheckpointTimeout, s.MaxWALSize, s.WALCompression, s.SharedBuffers, s.WALKeepSize)
+	f, err := os.OpenFile(filepath.Join(p.data, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err == nil {
+		_, err = f.WriteString(conf)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
 	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	args := []string{"-D", p.data, "-p", strconv.Itoa(p.port),
+		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=" + dir}
 	p.cmd = p.command("postgres", args...)
 	logFile, err := os.Create(filepath.Join(dir, "server.log"))
 	if err != nil {

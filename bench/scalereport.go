@@ -29,21 +29,24 @@ func printScale(w io.Writer, r scaleResult) {
 	}
 
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "inbox rows\tBATCH_MAX\tround\tevents/s\tWAL B/event\tFPI/event\tpg_stat_wal FPI/event\tcheckpoints in drain\tdrain s\t")
+	fmt.Fprintln(tw, "inbox rows\tBATCH_MAX\tsetting\tround\tevents/s\tWAL B/event\tFPI/event\tpg_stat_wal FPI/event\tcheckpoints in drain\tdrain s\t")
 	for _, d := range r.Drains {
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%.0f\t%.0f\t%.2f\t%.2f\t%d\t%.0f\t\n", d.Rows, d.BatchMax, d.Round, d.EventsPerSec,
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%d\t%.0f\t%.0f\t%.2f\t%.2f\t%d\t%.0f\t\n", d.Rows, d.BatchMax, settingOf(d), d.Round, d.EventsPerSec,
 			d.WALPerEvent, d.FPIPerEvent, float64(d.WAL.StatFPI)/float64(d.Events), d.WAL.Checkpoints, d.WAL.Seconds)
 	}
 	tw.Flush()
 
 	// Medians of the rounds, against the empty database's with the same
 	// BATCH_MAX.
-	type key struct{ rows, batch int }
+	type key struct {
+		rows, batch int
+		setting     string
+	}
 	var keys []key
 	seen := map[key]bool{}
 	group := map[key][]drainResult{}
 	for _, d := range r.Drains {
-		k := key{d.Rows, d.BatchMax}
+		k := key{d.Rows, d.BatchMax, d.Setting}
 		if !seen[k] {
 			seen[k] = true
 			keys = append(keys, k)
@@ -59,7 +62,7 @@ func printScale(w io.Writer, r scaleResult) {
 	}
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "inbox rows\tBATCH_MAX\truns\tevents/s (median)\tWAL B/event\tFPI/event\tWAL ×empty\tevents/s ×empty\tinbox WAL B/event\tinbox ×empty\t")
+	fmt.Fprintln(tw, "inbox rows\tBATCH_MAX\tsetting\truns\tevents/s (median)\tWAL B/event\tFPI/event\tWAL ×empty\tevents/s ×empty\tinbox WAL B/event\tinbox ×empty\t")
 	rate := func(d drainResult) float64 { return d.EventsPerSec }
 	wal := func(d drainResult) float64 { return d.WALPerEvent }
 	fpi := func(d drainResult) float64 { return d.FPIPerEvent }
@@ -73,21 +76,21 @@ func printScale(w io.Writer, r scaleResult) {
 		return float64(b) / float64(d.Events)
 	}
 	for _, k := range keys {
-		e := key{0, k.batch}
+		e := key{0, k.batch, k.setting}
 		ratio := func(f func(drainResult) float64) string {
 			if !seen[e] || med(e, f) == 0 {
 				return "—"
 			}
 			return fmt.Sprintf("%.2f", med(k, f)/med(e, f))
 		}
-		fmt.Fprintf(tw, "%d\t%d\t%d\t%.0f\t%.0f\t%.2f\t%s\t%s\t%.0f\t%s\t\n", k.rows, k.batch, len(group[k]),
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%d\t%.0f\t%.0f\t%.2f\t%s\t%s\t%.0f\t%s\t\n", k.rows, k.batch, orDefault(k.setting), len(group[k]),
 			med(k, rate), med(k, wal), med(k, fpi), ratio(wal), ratio(rate), med(k, inbox), ratio(inbox))
 	}
 	tw.Flush()
 
 	fmt.Fprintln(w, "\nWAL by relation, first round (a record counts for the relation of its first block; FPI for each block's):")
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "inbox rows\tBATCH_MAX\trelation\tB/event\tFPI/event\trecords/event\tshare\t")
+	fmt.Fprintln(tw, "inbox rows\tBATCH_MAX\tsetting\trelation\tB/event\tFPI/event\trecords/event\tshare\t")
 	for _, d := range r.Drains {
 		if d.Round != 1 {
 			continue
@@ -101,7 +104,7 @@ func printScale(w io.Writer, r scaleResult) {
 				share = 100 * float64(rel.Bytes) / float64(d.WAL.DumpLen)
 			}
 			n := float64(d.Events)
-			fmt.Fprintf(tw, "%d\t%d\t%s\t%.0f\t%.3f\t%.2f\t%.0f%%\t\n", d.Rows, d.BatchMax, rel.Name,
+			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%.0f\t%.3f\t%.2f\t%.0f%%\t\n", d.Rows, d.BatchMax, settingOf(d), rel.Name,
 				float64(rel.Bytes)/n, float64(rel.FPI)/n, float64(rel.Records)/n, share)
 		}
 	}
@@ -122,3 +125,12 @@ func printScale(w io.Writer, r scaleResult) {
 }
 
 func mb(b int64) float64 { return float64(b) / (1 << 20) }
+
+func settingOf(d drainResult) string { return orDefault(d.Setting) }
+
+func orDefault(setting string) string {
+	if setting == "" {
+		return "as started"
+	}
+	return setting
+}

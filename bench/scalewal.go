@@ -17,7 +17,11 @@ import (
 // reading of the range, record by record.
 type walRange struct {
 	StartLSN string `json:"start_lsn"`
-	EndLSN   string `json:"end_lsn"`
+	// The segment holding StartLSN: pg_waldump reads the segment size from
+	// it (left to itself, it may pick a preallocated, still empty segment).
+	StartFile string `json:"start_file"`
+	EndFile   string `json:"end_file"`
+	EndLSN    string `json:"end_lsn"`
 	// pg_wal_lsn_diff(end, start): every byte of WAL, page headers included.
 	Bytes int64 `json:"bytes"`
 	// pg_stat_wal's counters over the same moments (read once the
@@ -50,29 +54,29 @@ type relWAL struct {
 }
 
 type walCounter struct {
-	lsn                 string
+	lsn, file           string
 	records, fpi, bytes int64
 	checkpoints         int64
 }
 
 func readWALCounter(db *sql.DB) (walCounter, error) {
 	var c walCounter
-	err := db.QueryRow(`SELECT pg_current_wal_lsn()::text, w.wal_records, w.wal_fpi, w.wal_bytes::bigint,
+	err := db.QueryRow(`SELECT pg_current_wal_lsn()::text, pg_walfile_name(pg_current_wal_lsn() + 1), w.wal_records, w.wal_fpi, w.wal_bytes::bigint,
 		b.checkpoints_timed + b.checkpoints_req
-		FROM pg_stat_wal w, pg_stat_bgwriter b`).Scan(&c.lsn, &c.records, &c.fpi, &c.bytes, &c.checkpoints)
+		FROM pg_stat_wal w, pg_stat_bgwriter b`).Scan(&c.lsn, &c.file, &c.records, &c.fpi, &c.bytes, &c.checkpoints)
 	return c, err
 }
 
 // beginWAL marks the start of a measured range.
 func beginWAL(db *sql.DB) (walRange, error) {
 	c, err := readWALCounter(db)
-	return walRange{StartLSN: c.lsn, start: c}, err
+	return walRange{StartLSN: c.lsn, StartFile: c.file, start: c}, err
 }
 
 // endLSN marks the range's end: called the moment the measured work is done.
 func (w *walRange) endLSN(db *sql.DB) error {
-	if err := db.QueryRow(`SELECT pg_current_wal_lsn()::text, pg_wal_lsn_diff(pg_current_wal_lsn(), $1)::bigint`,
-		w.StartLSN).Scan(&w.EndLSN, &w.Bytes); err != nil {
+	if err := db.QueryRow(`SELECT l::text, pg_walfile_name(l), pg_wal_lsn_diff(l, $1)::bigint FROM pg_current_wal_lsn() l`,
+		w.StartLSN).Scan(&w.EndLSN, &w.EndFile, &w.Bytes); err != nil {
 		return err
 	}
 	return nil
@@ -99,7 +103,7 @@ func (w *walRange) dump(p *pgServer, names map[string]string) error {
 	if w.StartLSN == w.EndLSN {
 		return nil
 	}
-	cmd := exec.Command(filepath.Join(p.bin, "pg_waldump"), "-p", filepath.Join(p.data, "pg_wal"), "-s", w.StartLSN, "-e", w.EndLSN)
+	cmd := exec.Command(filepath.Join(p.bin, "pg_waldump"), "-p", filepath.Join(p.data, "pg_wal"), "-s", w.StartLSN, "-e", w.EndLSN, w.StartFile, w.EndFile)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return err
