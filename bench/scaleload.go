@@ -50,7 +50,9 @@ type savedIndex struct {
 // oldest fraction expired lies beyond ttl; half are TransferCreated, 45%
 // TransferCompleted, 5% TransferFailed.
 // Transfers are spread over the last year over accounts accounts (named as
-// the backlog names them), 10% still created, 85% completed, 5% failed, with
+// the backlog names them), each paying a random other account a random
+// amount as the backlog's do (so that a new transfer's transfer_intent
+// entry lands anywhere among them), 10% still created, 85% completed, 5% failed, with
 // the balances they make. buildFill, when not 0, is the fillfactor the
 // indexes whose keys arrive at random are built with (then reset to the
 // default for the inserts that follow): such an index grown by inserts has
@@ -116,8 +118,8 @@ func prefill(db *sql.DB, rows, transfers, accounts int, ttl time.Duration, expir
 				                      created_event_id, created_at, updated_at)
 				SELECT gen_random_uuid(),
 				       'acc_' || lpad((i % $3)::text, 5, '0'),
-				       'acc_' || lpad(((i % $3 + 1 + (i / $3) % ($3 - 1)) % $3)::text, 5, '0'),
-				       1 + (i * 7907) % 100000, 'EUR',
+				       'acc_' || lpad(((i % $3 + 1 + floor(random() * ($3 - 1))::bigint) % $3)::text, 5, '0'),
+				       1 + floor(random() * 100000)::bigint, 'EUR',
 				       CASE WHEN i % 20 < 2 THEN 'created' WHEN i % 20 = 19 THEN 'failed' ELSE 'completed' END,
 				       gen_random_uuid(), at,
 				       at + CASE WHEN i % 20 < 2 THEN interval '0' ELSE interval '2 seconds' END
