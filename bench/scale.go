@@ -202,8 +202,8 @@ func runScale(args []string) {
 						fail(fmt.Errorf("drain at %d rows, BATCH_MAX=%d: %w", n, b, err))
 					}
 					d.Rows, d.Transfers, d.Round, d.Setting = n, transfersList[i], r, setting
-					fmt.Fprintf(os.Stderr, "scale: %d rows, BATCH_MAX=%d %s: %.0f events/s, %.0f B and %.2f FPI per event, %d checkpoint(s)\n",
-						n, b, setting, d.EventsPerSec, d.WALPerEvent, d.FPIPerEvent, d.WAL.Checkpoints)
+					fmt.Fprintf(os.Stderr, "scale: %d rows, BATCH_MAX=%d%s: %.0f events/s, %.0f B and %.2f FPI per event, %d checkpoint(s)\n",
+						n, b, strings.TrimRight(" "+setting, " "), d.EventsPerSec, d.WALPerEvent, d.FPIPerEvent, d.WAL.Checkpoints)
 					res.Drains = append(res.Drains, d)
 				}
 			}
