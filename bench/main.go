@@ -43,6 +43,9 @@ func main() {
 		case "ackonly":
 			runAckOnly()
 			return
+		case "scale":
+			runScale(os.Args[2:])
+			return
 		}
 	}
 	queues := flag.String("queues", "1,8,32", "queue counts to measure")
