@@ -74,6 +74,7 @@ func TestAlarmHoldsNoQueueBehindAPoison(t *testing.T) {
 // the test ends, puts the watermark back and waits for the alarm to clear.
 func setMemoryAlarm(t *testing.T, ctl brokerCtl) (clear func()) {
 	t.Helper()
+	alone(t, "a memory alarm")
 	// {absolute, Bytes} or a fraction, as the broker prints it.
 	previous := strings.TrimSpace(ctl.run(t, "eval", "vm_memory_monitor:get_vm_memory_high_watermark()."))
 	restore := []string{"set_vm_memory_high_watermark", previous}

@@ -19,6 +19,7 @@ import (
 // applied once, in order, and the faulty ones are dead-lettered with their
 // class.
 func TestBatchKeepsTheGoodEventsAroundTheBadOnes(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.declare(1)
 	e.recordApplyOrder()
@@ -84,6 +85,7 @@ func TestBatchKeepsTheGoodEventsAroundTheBadOnes(t *testing.T) {
 // every event of those batches is applied exactly once, the redeliveries
 // absorbed by the inbox, and each account's order holds.
 func TestKilledBetweenTheCommitOfABatchAndItsAck(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.declare(4)
 	e.recordApplyOrder()

@@ -18,6 +18,7 @@ import (
 // migrates its own database, declares its topology, applies the contract's
 // sample event once though it is published twice, and exits 0 on SIGTERM.
 func TestBinaryAppliesTheContractSampleOnce(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	bin := buildService(t)
 

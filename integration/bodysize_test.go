@@ -16,6 +16,7 @@ import (
 // decode into a valid event (here a valid transfer padded with spaces);
 // the event behind it on the same key is applied.
 func TestBodyOverTheBoundIsDeadLetteredUndecoded(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	svc := e.startWith(2, nil, func(c *consumer.Config) { c.MaxBodyBytes = 4096 })
 	from := "acc_big_" + e.name

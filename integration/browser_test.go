@@ -26,6 +26,7 @@ import (
 // directory). The UI's markup is the same on 3.10 and 4.x where this
 // reads it; CI runs it on 3.10.8, 4.0.5 and 4.3.6.
 func TestDLQInTheBrowser(t *testing.T) {
+	parallel(t)
 	chromium := chromiumPath(t)
 	e := newEnv(t)
 	want := e.deadLetterOneOfEachKind()

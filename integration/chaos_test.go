@@ -20,6 +20,7 @@ import (
 // balances sum to zero, the inbox holds exactly the unique events, and the
 // DLQ is empty.
 func TestChaos(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.limit = 10
 	const queues, unique, accounts = 8, 20_000, 50

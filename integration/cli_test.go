@@ -13,6 +13,7 @@ import (
 // looked for, the settings that choose it, and the command that declares it,
 // instead of the broker's bare 404.
 func TestCLIDLQWithoutTheTopologySaysWhy(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	for _, cmd := range [][]string{{"dlq", "list"}, {"dlq", "replay", "--dry-run"}} {
 		out, err := runCommand(t, []string{"AMQP_URL=" + e.amqpURL, "TOPOLOGY_PREFIX=" + prefix}, cmd...)
@@ -32,6 +33,7 @@ func TestCLIDLQWithoutTheTopologySaysWhy(t *testing.T) {
 // wait) and points at repartition; with the count that exists it declares
 // again, changing nothing.
 func TestCLITopologyDoesNotGrowTheQueuesSilently(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.declare(3)
 	env := func(queues int) []string {

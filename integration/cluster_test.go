@@ -25,6 +25,7 @@ import (
 // started again in t.Cleanup too, so that a failed run leaves the cluster
 // whole for the next.
 func TestClusterNodeLossLosesNothing(t *testing.T) {
+	parallel(t)
 	b, ctl := cluster(t)
 	e := newEnvWith(t, b)
 	e.recordApplyOrder()

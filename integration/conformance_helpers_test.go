@@ -9,7 +9,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -340,7 +339,7 @@ func (r *rig) consumerTimeout(d time.Duration) (opened func(), detect time.Durat
 	haveCtl := false
 	if !r.atLeast(4, 3) { // from 4.3 the quorum queue keeps its own timer
 		if ctl, haveCtl = r.ctlFor(); haveCtl {
-			r.setEnvUntil(ctl, "channel_tick_interval", 200)
+			setBrokerEnv(r.t, ctl, "channel_tick_interval", 200)
 			detect += time.Second
 		} else {
 			detect += time.Minute
@@ -353,28 +352,7 @@ func (r *rig) consumerTimeout(d time.Duration) (opened func(), detect time.Durat
 	if !haveCtl {
 		missing(r.t, "rabbitmqctl for the broker under test (TEST_RABBITMQCTL): 3.x has only a global consumer timeout")
 	}
-	return r.setEnvUntil(ctl, "consumer_timeout", d.Milliseconds()), detect
-}
-
-// setEnvUntil sets one of the broker's application settings and returns a
-// function that puts the old value back (or unsets it); the test's end
-// calls it too.
-func (r *rig) setEnvUntil(ctl brokerCtl, key string, value int64) func() {
-	r.t.Helper()
-	previous := strings.TrimSpace(ctl.run(r.t, "eval", fmt.Sprintf("application:get_env(rabbit, %s).", key)))
-	var once sync.Once
-	restore := func() {
-		once.Do(func() {
-			if v, ok := strings.CutPrefix(previous, "{ok,"); ok {
-				ctl.run(r.t, "eval", fmt.Sprintf("application:set_env(rabbit, %s, %s).", key, strings.TrimSuffix(v, "}")))
-			} else {
-				ctl.run(r.t, "eval", fmt.Sprintf("application:unset_env(rabbit, %s).", key))
-			}
-		})
-	}
-	r.t.Cleanup(restore)
-	ctl.run(r.t, "eval", fmt.Sprintf("application:set_env(rabbit, %s, %d).", key, value))
-	return restore
+	return setBrokerEnv(r.t, ctl, "consumer_timeout", d.Milliseconds()), detect
 }
 
 // timedOut waits until the broker acts on a's overdue delivery: it closes

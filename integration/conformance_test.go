@@ -22,6 +22,7 @@ import (
 // M2, while M1 is still held; M1, returned after the cancel, goes to the
 // head of the queue and so comes right after M2, before M3.
 func TestBrokerRuleSACHandOverOnCancel(t *testing.T) {
+	parallel(t)
 	r := newRig(t)
 	a := r.consume(r.dial("a"), "a", 1)
 	r.publish("M1", "M2", "M3", "M4")
@@ -48,6 +49,7 @@ func TestBrokerRuleSACHandOverOnCancel(t *testing.T) {
 // queue in their order, counted as a delivery each, and the waiting
 // consumer receives them first, redelivered, before anything newer.
 func TestBrokerRuleSACHandOverOnClose(t *testing.T) {
+	parallel(t)
 	for _, c := range []struct {
 		name     string
 		prefetch int
@@ -87,6 +89,7 @@ func TestBrokerRuleSACHandOverOnClose(t *testing.T) {
 // the head, in the order returned, ahead of messages never delivered,
 // however it is returned.
 func TestBrokerRuleReturnedMessagePosition(t *testing.T) {
+	parallel(t)
 	type held struct{ a, b amqp.Delivery }
 	for _, c := range []struct {
 		name   string
@@ -134,6 +137,7 @@ func TestBrokerRuleReturnedMessagePosition(t *testing.T) {
 // Rule: a consumer (prefetch 2) holding A and B that returns A alone gets A
 // back next, before C, while it still holds B.
 func TestBrokerRuleReturnedMessageComesBackBeforeNewer(t *testing.T) {
+	parallel(t)
 	r := newRig(t)
 	s := r.consume(r.dial("consumer"), "c", 2)
 	r.publish("A", "B", "C", "D")
@@ -189,6 +193,7 @@ func deliveryCountRule(r *rig, how string) countRule {
 // does not, and x-acquired-count (absent on the first delivery, like
 // x-delivery-count) counts every earlier delivery.
 func TestBrokerRuleDeliveryCount(t *testing.T) {
+	parallel(t)
 	for _, how := range settles {
 		t.Run(how.name, func(t *testing.T) {
 			r := newRig(t)
@@ -393,6 +398,7 @@ func TestBrokerRuleConsumerTimeoutWithNoOtherConsumer(t *testing.T) {
 // change that consumer's prefetch: the quorum queue keeps the credit it was
 // given at basic.consume.
 func TestBrokerRulePrefetchChangeAfterConsume(t *testing.T) {
+	parallel(t)
 	r := newRig(t)
 	s := r.consume(r.dial("consumer"), "c", 1)
 	r.publish("M1", "M2", "M3", "M4", "M5")
@@ -417,6 +423,7 @@ func TestBrokerRulePrefetchChangeAfterConsume(t *testing.T) {
 // message while the cancelled one still holds its own; that one, returned
 // after the cancel, comes after it, as between two channels.
 func TestBrokerRuleSACWaitingConsumerOnSameChannel(t *testing.T) {
+	parallel(t)
 	r := newRig(t)
 	s := r.consume(r.dial("consumer"), "first", 1)
 	first := s.d

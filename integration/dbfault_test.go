@@ -36,6 +36,7 @@ type dbFault struct {
 // the fault and 200 after it, and every event is applied exactly once
 // (adr/0002). The delivery limit is 2, far below the retries each row makes.
 func TestDatabaseFaultsBlockTheQueueNeverTheDLQ(t *testing.T) {
+	parallel(t)
 	if unavailable != "" {
 		t.Skip(unavailable)
 	}

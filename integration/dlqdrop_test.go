@@ -162,6 +162,7 @@ func checkRecords(t *testing.T, records []dlq.Record, want []letter) {
 // Each drop writes exactly the letters it removes, whole, before removing
 // them; the filters take the right ones and leave the rest where they were.
 func TestDLQDropRecordsExactlyWhatItRemoves(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.declare(2)
 	letters := e.sampleLetters()
@@ -222,6 +223,7 @@ func TestDLQDropRecordsExactlyWhatItRemoves(t *testing.T) {
 
 // A dry run needs no record, writes none, and leaves every letter.
 func TestDLQDropDryRunChangesNothing(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.declare(2)
 	letters := e.sampleLetters()
@@ -253,6 +255,7 @@ func TestDLQDropDryRunChangesNothing(t *testing.T) {
 // created, a device that refuses every write (/dev/full), and a record that
 // fails midway, after which the letters not yet recorded all stay.
 func TestDLQDropRemovesNothingUnrecorded(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.declare(2)
 	letters := e.sampleLetters()
@@ -312,6 +315,7 @@ func (f *failingRecorder) Record(d amqp.Delivery, l dlq.Letter) error {
 // y) drops nothing, "y" drops. Without a terminal it refuses and says to
 // pass --yes: stdin closed, and stdin a pipe even when it says yes.
 func TestDLQDropAsksBeforeDropping(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.declare(2)
 	letters := e.sampleLetters()
@@ -396,6 +400,7 @@ func ioctl(f *os.File, req uintptr, arg unsafe.Pointer) error {
 // (poison, producer-conflict), says so and how to replay them, and replays
 // the rest; named with --class, they are replayed.
 func TestReplayLeavesAloneWhatCannotApplyAgain(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.declare(2)
 	letters := e.sampleLetters()
@@ -434,6 +439,7 @@ func TestReplayLeavesAloneWhatCannotApplyAgain(t *testing.T) {
 // `dlq drop` as a user with exactly the README's permissions for it; with
 // read on the DLQ taken away it is refused and drops nothing.
 func TestDLQDropWithTheREADMEsLeastPermissions(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.declare(2)
 	letters := e.sampleLetters()

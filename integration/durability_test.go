@@ -19,6 +19,7 @@ import (
 // lock then read in apply_event relies on. A trigger records what the
 // transaction saw.
 func TestTransactionsIgnoreWeakerDatabaseDefaults(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.db.MustExec(`CREATE TABLE seen (sync TEXT, isolation TEXT)`)
 	e.db.MustExec(`CREATE FUNCTION record_settings() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -75,6 +76,7 @@ func TestTransactionsIgnoreWeakerDatabaseDefaults(t *testing.T) {
 // past APPLY_TIMEOUT, the event stays in hand, and once the standby
 // requirement is lifted it is acked, applied once.
 func TestCommitWaitingForAStandbyIsNeverCancelled(t *testing.T) {
+	parallel(t)
 	cluster := newPGCluster(t)
 	e := newEnvOn(t, cluster.adminURL())
 	admin := sqlx.MustOpen("postgres", cluster.adminURL())

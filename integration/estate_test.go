@@ -26,6 +26,7 @@ import (
 // prunes. The database is locked down beyond PostgreSQL 15's defaults:
 // PUBLIC may not connect, use the schema, or execute new functions.
 func TestDataOnlyRoleRunsOnTheSchemaItsOwnerMigrated(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	ownerURL := e.useEmptyDatabase()
 	e.lockDown()
@@ -99,6 +100,7 @@ func TestDataOnlyRoleRunsOnTheSchemaItsOwnerMigrated(t *testing.T) {
 // migrate once only, then checks at the reconnect backoff; and once the
 // owner has migrated it consumes, without a restart.
 func TestSchemaBehindAndARoleThatMayNotMigrate(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	ownerURL := e.useEmptyDatabase()
 	role, roleURL := e.serviceRole("")
@@ -164,6 +166,7 @@ func TestSchemaBehindAndARoleThatMayNotMigrate(t *testing.T) {
 // role may: it creates no database, applies no migration, says what is
 // missing, and consumes once the owner has migrated.
 func TestMigrateFalseNeverChangesTheDatabase(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	name := e.name + "_own"
 	admin := sqlx.MustOpen("postgres", e.b.databaseURL)
@@ -220,6 +223,7 @@ func TestMigrateFalseNeverChangesTheDatabase(t *testing.T) {
 // once the file is rewritten it goes on, without a restart. On a server of
 // the test's own, where passwords are checked (the shared one trusts).
 func TestDatabasePasswordRotatedInTheFile(t *testing.T) {
+	parallel(t)
 	if unavailable != "" {
 		t.Skip(unavailable)
 	}
@@ -275,6 +279,7 @@ func TestDatabasePasswordRotatedInTheFile(t *testing.T) {
 // dead-letter connection, dialled at the first dead letter, reads the
 // file too.
 func TestBrokerPasswordRotatedInTheFile(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	user := e.name + "_svc"
 	one, two, three := "pw-one-"+randomSuffix(), "pw-two-"+randomSuffix(), "pw-three-"+randomSuffix()

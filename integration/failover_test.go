@@ -110,6 +110,7 @@ func (e *env) useAddr(addr string) {
 // REQUIRE_SYNC_STANDBY=true, it refuses to consume until the standby is
 // named synchronous, and /readyz says why.
 func TestFailoverToASynchronousStandbyLosesNothing(t *testing.T) {
+	parallel(t)
 	for _, tc := range []struct {
 		name    string
 		keyword bool
@@ -195,7 +196,7 @@ func TestFailoverToASynchronousStandbyLosesNothing(t *testing.T) {
 // the new primary; the service said at start, in its log and in /readyz,
 // that a failover could lose acked events.
 func TestFailoverToAnAsynchronousStandbyLosesAckedEvents(t *testing.T) {
-	t.Parallel() // on servers of its own
+	parallel(t) // on servers of its own
 	primary := newPGCluster(t)
 	admin := sqlx.MustOpen("postgres", primary.adminURL())
 	t.Cleanup(func() { admin.Close() })

@@ -22,6 +22,7 @@ import (
 // queue is applied after it, once, and no delivery of either is spent. (A
 // process that dies instead is ended by the queue's delivery limit.)
 func TestPanicIsRetriedInPlaceThenDeadLettered(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.limit = 3
 	inbox := db.NewInbox(e.db)
@@ -78,6 +79,7 @@ func TestPanicIsRetriedInPlaceThenDeadLettered(t *testing.T) {
 // blocked, nothing is dead-lettered, and once the cause is gone the event is
 // applied on its first delivery.
 func TestUnclassifiedErrorBlocksTheQueueInsteadOfDeadLettering(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.limit = 2
 	inbox := db.NewInbox(e.db)
@@ -121,6 +123,7 @@ func TestUnclassifiedErrorBlocksTheQueueInsteadOfDeadLettering(t *testing.T) {
 // one message in hand per queue, nothing is dead-lettered, no delivery count
 // is spent, and every event is applied once when the database is back.
 func TestDatabaseOutageDeadLettersNothing(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.limit = 2
 	u, _ := url.Parse(e.dbURL)
@@ -181,6 +184,7 @@ func TestDatabaseOutageDeadLettersNothing(t *testing.T) {
 // The same eventId with other content is not applied: it is dead-lettered as
 // a producer conflict, recorded for alerting, and the first version stands.
 func TestProducerConflictIsDeadLetteredAndCounted(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	svc := e.start(2, nil)
 	original := newTransfer("acc_m_"+e.name, "acc_n_"+e.name, 500)
@@ -214,6 +218,7 @@ func TestProducerConflictIsDeadLetteredAndCounted(t *testing.T) {
 // the message's fault: dead-lettered on its first delivery with the
 // service's reason headers, never applied, and the queue goes on.
 func TestDataTheDatabaseRejectsIsDeadLetteredAtOnce(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	rich := "acc_rich_" + e.name
 	e.db.MustExec(`INSERT INTO balance_projection (account, balance_minor) VALUES ($1, 9223372036854775000)`, rich)

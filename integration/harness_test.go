@@ -49,6 +49,36 @@ type env struct {
 	b       backend // the broker (and, by default, the database server) it lives on
 }
 
+// Side by side. Most tests live in a world of their own (a vhost and a
+// database, servers they start themselves), spend most of their time
+// waiting on brokers and databases, and begin with parallel(t): they run
+// side by side, -parallel at a time. A test that changes what every test
+// on its broker shares (a memory alarm, the broker's settings, a restart)
+// or counts what every test leaves behind (goroutines) does not: go test
+// runs such tests first, one at a time, before any parallel test starts,
+// and alone(t) in each of those helpers fails a parallel test that calls
+// it.
+var besides sync.Map // names of the top-level tests that called parallel
+
+func parallel(t *testing.T) {
+	t.Helper()
+	if strings.Contains(t.Name(), "/") {
+		t.Fatal("parallel(t) is for top-level tests: a subtest's siblings would share its parent's world")
+	}
+	besides.Store(t.Name(), true)
+	t.Parallel()
+}
+
+// alone fails the test unless it runs alone: what, which the test is about
+// to do, reaches every test on the same broker.
+func alone(t *testing.T, what string) {
+	t.Helper()
+	top, _, _ := strings.Cut(t.Name(), "/")
+	if _, ok := besides.Load(top); ok {
+		t.Fatalf("%s reaches every test on the broker, and %s runs beside others: drop its parallel(t)", what, top)
+	}
+}
+
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	return newEnvWith(t, shared)

@@ -30,6 +30,7 @@ import (
 // database healthy, applies all of it, in order, and dead-letters only
 // the contradicting event, as invalid-transition.
 func TestShutdownDuringASplitAppliesNothingBehindTheFailure(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	const size = 50
 	e.declare(1)

@@ -29,6 +29,7 @@ import (
 // cancel before the return), the other replica would have applied that
 // TransferFailed first, and the transfer would have ended failed.
 func TestRollingDeployDuringAnOutageKeepsEachAccountsOrder(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	const queues, perQueue, transfersPerAccount = 2, 30, 5
 	e.declare(queues)

@@ -21,6 +21,7 @@ import (
 // its reason; the poison is dead-lettered with class poison. Every message
 // published is either applied or in the DLQ, once.
 func TestPanicAndPoisonInOneBatch(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.declare(1)
 	e.recordApplyOrder()
@@ -93,6 +94,7 @@ func reasons(ls []dlqMessage) []any {
 // during such a retry returns within SHUTDOWN_TIMEOUT and returns the
 // message to its queue.
 func TestPanicInsideTheTransaction(t *testing.T) {
+	parallel(t)
 	for _, where := range []struct {
 		name      string
 		insideSQL bool

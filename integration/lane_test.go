@@ -15,6 +15,7 @@ import (
 // one is left over: with a pool smaller than the queues, every queue still
 // gets its turn and every event is applied once.
 func TestLanesShareAPoolSmallerThanTheQueues(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	small, err := db.Open(context.Background(), e.dbURL, 2)
 	if err != nil {
@@ -55,6 +56,7 @@ func TestLanesShareAPoolSmallerThanTheQueues(t *testing.T) {
 // server (not left to run on), the message goes back to the queue, and the
 // next run applies it once.
 func TestShutdownCancelsAStatementThatOutlivesIt(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	release := e.holdClaims()
 	defer release()

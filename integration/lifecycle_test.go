@@ -47,6 +47,7 @@ func (e *env) pendingCount() int {
 // duplicate (of either) ends in the same state and balances, with nothing
 // left pending: disorder is tolerated, not demanded away.
 func TestLifecycleAllOrdersEndTheSame(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	orders := [][3]int{{0, 1, 2}, {0, 2, 1}, {1, 0, 2}, {1, 2, 0}, {2, 0, 1}, {2, 1, 0}}
 	for _, final := range []string{event.TransferCompleted, event.TransferFailed} {
@@ -92,6 +93,7 @@ func TestLifecycleAllOrdersEndTheSame(t *testing.T) {
 // Transitions that contradict the transfer are not applied and are classed
 // as invalid transitions, whether the transfer exists yet or not.
 func TestLifecycleContradictionsAreRejected(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	isTransition := func(err error) bool {
 		return event.ClassOf(context.Background(), err) == event.ClassTransition
@@ -147,6 +149,7 @@ func TestLifecycleContradictionsAreRejected(t *testing.T) {
 // is applied with it; a contradicting failure is dead-lettered with its own
 // class.
 func TestLifecycleThroughTheBroker(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	svc := e.start(2, nil)
 	tr := newTransfer("acc_lb1_"+e.name, "acc_lb2_"+e.name, 300)
@@ -280,6 +283,7 @@ func (e *env) checkLifecycle(events []transfer) {
 // counted. Before the creation it waits; the creation's transaction leaves
 // its dead letter in an outbox, published after the commit.
 func TestContradictingTransitionEndsTheSameInEveryOrder(t *testing.T) {
+	parallel(t)
 	for _, order := range []string{"after its creation", "before its creation"} {
 		t.Run(order, func(t *testing.T) {
 			e := newEnv(t)
@@ -329,6 +333,7 @@ func TestContradictingTransitionEndsTheSameInEveryOrder(t *testing.T) {
 // duplicate, not an error: the transfer row, made by this very event,
 // proves it was applied.
 func TestCreationRedeliveredAfterItsInboxRowWasPrunedIsADuplicate(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	tr := newTransfer("acc_p1_"+e.name, "acc_p2_"+e.name, 25)
 	if _, err := e.apply(t, tr); err != nil {

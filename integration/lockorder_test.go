@@ -14,6 +14,7 @@ import (
 // account order whatever the direction. A deadlock would surface here as a
 // transient 40P01 error from Apply.
 func TestOppositeTransfersNeverDeadlock(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	inbox := db.NewInbox(e.db)
 	accounts := []string{"acc_x_" + e.name, "acc_y_" + e.name, "acc_z_" + e.name}

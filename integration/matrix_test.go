@@ -18,6 +18,7 @@ import (
 
 // Case 1: the same event published twice is applied once.
 func TestMatrix1ExactDuplicate(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	svc := e.start(2, nil)
 	tr := newTransfer("acc_a_"+e.name, "acc_b_"+e.name, 10000)
@@ -66,6 +67,7 @@ func (c *crashAfterCommit) Apply(ctx context.Context, ev event.Event) (event.Res
 // Case 2: the connection dies between commit and ack; the broker redelivers
 // and the inbox turns the redelivery into a duplicate.
 func TestMatrix2CrashBetweenCommitAndAck(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	app := &crashAfterCommit{next: db.NewInbox(e.db)}
 	svc := e.start(2, app)
@@ -107,6 +109,7 @@ func TestMatrix2CrashBetweenCommitAndAck(t *testing.T) {
 // projection raises once for the target account (a sequence is not rolled
 // back, so "once" survives the rollback it causes).
 func TestMatrix3EffectFailsAfterClaim(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	target := "acc_fail_" + e.name
 	e.db.MustExec(`CREATE SEQUENCE fail_once`)
@@ -179,6 +182,7 @@ func (f applierFunc) Apply(ctx context.Context, ev event.Event) (event.Result, e
 // delivery, is never applied, and the valid event behind it on the same
 // queue is applied.
 func TestMatrix4Poison(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.declare(2)
 	from, to := "acc_p_"+e.name, "acc_q_"+e.name
@@ -284,6 +288,7 @@ func (b *barrier) Apply(ctx context.Context, ev event.Event) (event.Result, erro
 // exactly one effect. Repeated 20 times: a hidden check-then-act fails only
 // sometimes.
 func TestMatrix5ConcurrentDuplicates(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	app := &barrier{next: db.NewInbox(e.db), gates: map[string]*gate{}}
 	svc := e.start(2, app)
@@ -329,6 +334,7 @@ func TestMatrix5ConcurrentDuplicates(t *testing.T) {
 // pg_terminate_backend, then lets go. The event is retried in place, neither
 // lost nor dead-lettered, and applied once.
 func TestMatrix6DatabaseConnectionKilledMidTransaction(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	release := e.holdClaims()
 	defer release()
@@ -359,6 +365,7 @@ func TestMatrix6DatabaseConnectionKilledMidTransaction(t *testing.T) {
 // its transaction rolls back, and the event is retried in place on the same
 // delivery. Once the lock is free it is applied once.
 func TestApplyTimeoutCancelsTheStatementAndRetriesInPlace(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	release := e.holdClaims()
 	defer release()

@@ -17,6 +17,7 @@ import (
 // refuses \u0000; the database once turned such a header into a dead
 // letter of a valid event, class data-rejected.)
 func TestTransitionWithANULInAHeader(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	svc := e.start(1, nil)
 	tr := newTransfer("acc_nul1_"+e.name, "acc_nul2_"+e.name, 400)

@@ -324,7 +324,7 @@ func (m *patroniMember) addr() string { return fmt.Sprintf("127.0.0.1:%d", m.pg)
 // URL that names both members with target_session_attrs=read-write, and
 // nothing is lost, doubled or dead-lettered; each account keeps its order.
 func TestPatroniSwitchoverAndFailoverLoseNothing(t *testing.T) {
-	t.Parallel() // on servers of its own
+	parallel(t) // on servers of its own
 	c := newPatroniCluster(t)
 	first := c.leader()
 	adminURL := fmt.Sprintf("postgres://postgres@%s/postgres?sslmode=disable", first.addr())

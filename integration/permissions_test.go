@@ -25,6 +25,7 @@ import (
 // list` and `dlq replay` then work as users with the README's permissions
 // for them.
 func TestPermissionsLeastInTheREADMEAreEnough(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	grants := readmeGrants(t)
 	if out, err := runCommand(t, e.commandEnv(2), "topology"); err != nil {
@@ -81,6 +82,7 @@ func TestPermissionsLeastInTheREADMEAreEnough(t *testing.T) {
 // user with the README's permissions for them declare everything, and the
 // service declaring its own topology (the default) runs with its row's.
 func TestPermissionsToDeclareInTheREADMEAreEnough(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	grants := readmeGrants(t)
 	adminURL := e.brokerUser("admin", grants["`transferconsumer topology`, `transferconsumer repartition`"], "")
@@ -118,6 +120,7 @@ func TestPermissionsToDeclareInTheREADMEAreEnough(t *testing.T) {
 // "unroutable"; the message still reaches the DLQ by the queue's own
 // dead-lettering.
 func TestPermissionMissingOnTheDeadLetterExchangeIsSaidRefused(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.declare(2)
 	least := readmeGrants(t)["the service, `DECLARE_TOPOLOGY=false`"]
@@ -157,6 +160,7 @@ func TestPermissionMissingOnTheDeadLetterExchangeIsSaidRefused(t *testing.T) {
 // `transferconsumer topology`, it consumes without a restart. The
 // management API's URL, with a user of its own, is read from a file.
 func TestTopologyMadeByOthersWithAWrongArgumentIsSaid(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.declare(2)
 	args := e.topology(2).QueueArgs()

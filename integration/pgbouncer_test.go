@@ -30,6 +30,7 @@ import (
 // queue stays blocked, retention prunes and leaves no lock behind, and none
 // of the cancels reaches the query of another client of the same pooler.
 func TestBehindPgBouncer(t *testing.T) {
+	parallel(t)
 	for _, mode := range []string{"session", "transaction"} {
 		t.Run(mode, func(t *testing.T) { behindPgBouncer(t, mode) })
 	}

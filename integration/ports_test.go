@@ -21,6 +21,7 @@ var (
 
 // A database lane applies batches (adr/0006).
 func TestTheInboxLanesApplyBatches(t *testing.T) {
+	parallel(t)
 	l := db.NewInbox(nil).Lane(0)
 	if _, ok := l.(consumer.BatchLane); !ok {
 		t.Fatalf("%T is not a consumer.BatchLane", l)

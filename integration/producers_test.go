@@ -123,6 +123,7 @@ func checkUnauthorized(t *testing.T, id string, m dlqMessage, want, producer str
 // publishing connection's user is refused, so a user_id that is set names
 // its publisher.
 func TestProducersBrokerRefusesAnotherUsersUserID(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.declare(2)
 	g := producerGrants(t)
@@ -150,6 +151,7 @@ func TestProducersBrokerRefusesAnotherUsersUserID(t *testing.T) {
 // unauthorized, never applied, each reason naming the user or its absence,
 // and counted.
 func TestProducersOnlyListedApply(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	g := producerGrants(t)
 	listed, other := e.publisher("payments", g), e.publisher("rogue", g)
@@ -197,6 +199,7 @@ func TestProducersOnlyListedApply(t *testing.T) {
 // Without PRODUCERS every publisher is accepted, as before, and the start-up
 // log says so once.
 func TestProducersUnsetAcceptsAnyAndSaysSo(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	proc := startProcess(t, e.serviceEnv(2, "INSTANCE_NAME="+e.name+"-svc"))
 	proc.waitConsuming(1)
@@ -219,6 +222,7 @@ func TestProducersUnsetAcceptsAnyAndSaysSo(t *testing.T) {
 // unauthorized, naming the replaying user, and a second replay launders it
 // no more than the first.
 func TestProducersReplayJudgedByFirstProducer(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	g := producerGrants(t)
 	listed, other := e.publisher("payments", g), e.publisher("rogue", g)

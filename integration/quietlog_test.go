@@ -21,6 +21,7 @@ import (
 // looks past the last queue. The count is read from the broker's own log
 // file, after a sentinel error the test causes itself has reached it.
 func TestTheServicesLookLeavesNoChannelErrorsInTheBrokersLog(t *testing.T) {
+	parallel(t)
 	ctl := rabbitmqctl(t)
 	e := newEnv(t)
 	const queues = 2

@@ -114,6 +114,7 @@ func (e *env) reconcileStream(transfers, accounts int) ([]transfer, int) {
 // started again: reconcile finds nothing (exit 0), and reads the DLQ, whose
 // two contradictions are recent.
 func TestReconcileCleanAfterLifecycleWithCrashesAndContradictions(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.declare(2)
 	events, unique := e.reconcileStream(300, 8)
@@ -168,6 +169,7 @@ func TestReconcileCleanAfterLifecycleWithCrashesAndContradictions(t *testing.T) 
 // one made up: each account is named with what its transfers say, what the
 // row says and the difference, and the exit status is 3.
 func TestReconcileNamesABalanceChangedBehindTheServicesBack(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	a, b, c := "acc_a_"+e.name, "acc_b_"+e.name, "acc_c_"+e.name
 	paid := newTransfer(a, b, 100)
@@ -223,6 +225,7 @@ func TestReconcileNamesABalanceChangedBehindTheServicesBack(t *testing.T) {
 // created outside the window, or with another amount, is not; nor is the
 // pair once a person dismissed it.
 func TestReconcileNamesTwoCreationsOfOneIntent(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	a, b := "acc_a_"+e.name, "acc_b_"+e.name
 	first, second := newTransfer(a, b, 700), newTransfer(a, b, 700)
@@ -260,6 +263,7 @@ func TestReconcileNamesTwoCreationsOfOneIntent(t *testing.T) {
 // has waited longer than RECONCILE_PENDING_AFTER; one that has just
 // arrived is not, and a creation that comes at last clears it.
 func TestReconcileNamesATransitionWaitingForACreationThatNeverCame(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	lost := newTransfer("acc_a_"+e.name, "acc_b_"+e.name, 9)
 	waiting := transition(lost, event.TransferCompleted)
@@ -289,6 +293,7 @@ func TestReconcileNamesATransitionWaitingForACreationThatNeverCame(t *testing.T)
 // pass reads one snapshot, and an event's balances and transfer row commit
 // together. The service's own periodic runs, every 200 ms, see none either.
 func TestReconcileSeesNoDriftWhileAStreamIsApplied(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.declare(4)
 	events, unique := e.reconcileStream(1500, 20)
@@ -345,6 +350,7 @@ func TestReconcileSeesNoDriftWhileAStreamIsApplied(t *testing.T) {
 // DLQ, and the command names a dead letter older than INBOX_TTL (exit 3).
 // While another replica's run holds the lock, a run does nothing.
 func TestReconcileInTheService(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	a, b := "acc_a_"+e.name, "acc_b_"+e.name
 	if _, err := e.apply(t, newTransfer(a, b, 40)); err != nil {

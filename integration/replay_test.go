@@ -21,6 +21,7 @@ import (
 // nothing; the replay applies the fixed event once; replaying an event that
 // was already applied changes no balance; what the filter leaves out stays.
 func TestReplayAfterFixIsSafe(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.limit = 2
 	inbox := db.NewInbox(e.db)
@@ -119,6 +120,7 @@ func TestReplayAfterFixIsSafe(t *testing.T) {
 // the run is still going. The run must still end, having put back each
 // letter that was there when it started once, and no letter of its own.
 func TestReplayRunEndsWhileItsLettersFailAgain(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	inbox := db.NewInbox(e.db)
 	run := randomSuffix()

@@ -18,6 +18,7 @@ import (
 // it comes back, its queues come back to it. The management API's consumer
 // list shows the split, printed at each step.
 func TestReplicasSplitTheQueuesOn4x(t *testing.T) {
+	parallel(t)
 	e := newEnvWith(t, broker4(t))
 	e.declare(4)
 	e.recordApplyOrder()

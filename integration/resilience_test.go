@@ -25,6 +25,7 @@ import (
 // reconnects with backoff, declares again and resumes every queue, and no
 // goroutine is left behind.
 func TestResumesAfterConnectionClosedFromManagementUI(t *testing.T) {
+	alone(t, "counting every goroutine of the test process")
 	e := newEnv(t)
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	svc := e.start(2, nil)
@@ -110,6 +111,7 @@ func (c brokerCtl) run(t *testing.T, args ...string) string {
 
 func restartBroker(t *testing.T, ctl brokerCtl) {
 	t.Helper()
+	alone(t, "a broker restart")
 	for _, args := range [][]string{{"stop_app"}, {"start_app"}, {"await_startup"}} {
 		ctl.run(t, args...)
 	}
@@ -139,6 +141,7 @@ func (e *env) serviceEnv(queues int, extra ...string) []string {
 // dead-letters nothing, and a restarted service applies the rest: every
 // event exactly once.
 func TestSIGTERMUnderLoadLosesNothing(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.declare(4)
 	const n = 600
@@ -164,6 +167,7 @@ func TestSIGTERMUnderLoadLosesNothing(t *testing.T) {
 // SIGKILL at an arbitrary moment: nothing is lost or applied twice once a
 // new process has finished the work.
 func TestSIGKILLLosesNothing(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.declare(4)
 	const n = 600
@@ -182,6 +186,7 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 // While the database is away, /readyz says not ready and nothing is
 // dead-lettered; when it is back, readiness returns and the work is done.
 func TestReadinessFollowsTheDatabase(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	u, _ := url.Parse(e.dbURL)
 	p := newProxy(t, u.Host)
@@ -288,6 +293,7 @@ func (e *env) checkBalances(events []transfer) {
 // consumers keep applying events; the test prints the consumers' latency
 // before and during the prune.
 func TestPruneOf100kExpiredRowsLeavesConsumersWorking(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	const expired = 100_000
 	e.db.MustExec(`INSERT INTO processed_event (event_id, event_type, processed_at, fingerprint)

@@ -29,6 +29,7 @@ func accountNames(n int, suffix string) []string {
 // order, so no deadlock (40P01) or serialization failure (40001) ever
 // reaches a decision, and the balances are exact.
 func TestHotAccountsNeverDeadlock(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.declare(8)
 	events := lifecycleStream(2000, accountNames(10, e.name))
@@ -134,6 +135,7 @@ func (e *env) checkAccountOrder(events []transfer) {
 // the other, the message it had in hand comes back first, every event is
 // applied once and each account's events in publishing order.
 func TestReplicaKilledMidStream(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.declare(4)
 	e.recordApplyOrder()
@@ -170,6 +172,7 @@ func TestReplicaKilledMidStream(t *testing.T) {
 // then a service with 8 queues replaces the one with 4. The end state is
 // exact; the test prints how many accounts changed queue.
 func TestRepartitionFourToEight(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.declare(4)
 	events := lifecycleStream(2000, accountNames(40, e.name))

@@ -25,6 +25,7 @@ import (
 // Two replicas migrating an empty database at the same moment: one applies
 // every migration, the other waits on the lock and finds nothing to do.
 func TestMigrateConcurrentReplicas(t *testing.T) {
+	parallel(t)
 	if unavailable != "" {
 		t.Skip(unavailable)
 	}
@@ -96,6 +97,7 @@ func migrationFiles(t testing.TB) []string {
 // Declaring twice changes nothing, and the queues carry the contract's
 // arguments.
 func TestTopologyDeclareIsIdempotent(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.declare(3)
 	e.declare(3)
@@ -143,6 +145,7 @@ func TestTopologyDeclareIsIdempotent(t *testing.T) {
 // A partition queue declared before the leader locator was one of its
 // arguments is used as it is: redeclaring it does not stop the service.
 func TestQueueDeclaredWithoutTheLeaderLocatorIsAccepted(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	conn, err := amqp.Dial(e.amqpURL)
 	if err != nil {
@@ -173,6 +176,7 @@ func TestQueueDeclaredWithoutTheLeaderLocatorIsAccepted(t *testing.T) {
 // A queue that exists with other arguments stops the service with an error
 // that names the queue and the argument, instead of a reconnect loop.
 func TestServiceStopsOnQueueWithOtherArguments(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	conn, err := amqp.Dial(e.amqpURL)
 	if err != nil {

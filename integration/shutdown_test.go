@@ -17,6 +17,7 @@ import (
 // the worker, and the message the worker held goes back to its queue,
 // neither acked nor dead-lettered.
 func TestShutdownLeavesAWorkerStuckInTheDatabaseBehind(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	entered := make(chan struct{}, 1)
 	stuck := make(chan struct{})

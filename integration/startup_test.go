@@ -14,6 +14,7 @@ import (
 // database and for the broker; once the database comes, the service is
 // ready.
 func TestHealthAnswersWhileTheDatabaseIsAwayAtStart(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	u, _ := url.Parse(e.dbURL)
 	p := newProxy(t, u.Host)
@@ -44,6 +45,7 @@ func TestHealthAnswersWhileTheDatabaseIsAwayAtStart(t *testing.T) {
 // Partition queues that exist beyond QUEUE_COUNT strand their messages: the
 // service warns at start, counts them in a metric, and /readyz names them.
 func TestQueuesBeyondQueueCountAreReported(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	e.declare(4)
 	proc := startProcess(t, e.serviceEnv(2))
@@ -67,6 +69,7 @@ func TestQueuesBeyondQueueCountAreReported(t *testing.T) {
 // exist) is retried, since someone may fix it, but said at error level with
 // a hint, and /readyz names it.
 func TestBrokerAccessRefusedIsSaid(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	for _, tt := range []struct{ name, amqpURL string }{
 		{"wrong password", strings.Replace(e.amqpURL, "guest:guest@", "guest:wrong@", 1)},
@@ -94,6 +97,7 @@ func TestBrokerAccessRefusedIsSaid(t *testing.T) {
 
 // PPROF=true serves /debug/pprof on PPROF_ADDR alone, never on HTTP_ADDR.
 func TestPprofIsServedOnItsOwnAddress(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	proc := startProcess(t, e.serviceEnv(2, "PPROF=true", "PPROF_ADDR=127.0.0.1:0"))
 	base := proc.httpAddr()

@@ -106,17 +106,24 @@ func setConsumerTimeout(t *testing.T, ctl brokerCtl, d time.Duration) {
 	setBrokerEnv(t, ctl, "channel_tick_interval", d.Milliseconds()/4)
 }
 
-// setBrokerEnv sets one of the broker's application settings and puts the
-// old value back, or unsets it, when the test ends.
-func setBrokerEnv(t *testing.T, ctl brokerCtl, key string, value int64) {
+// setBrokerEnv sets one of the broker's application settings and returns a
+// function that puts the old value back (or unsets it); the test's end
+// calls it too.
+func setBrokerEnv(t *testing.T, ctl brokerCtl, key string, value int64) (restore func()) {
 	t.Helper()
+	alone(t, "the broker's "+key)
 	previous := strings.TrimSpace(ctl.run(t, "eval", fmt.Sprintf("application:get_env(rabbit, %s).", key)))
-	t.Cleanup(func() {
-		if v, ok := strings.CutPrefix(previous, "{ok,"); ok {
-			ctl.run(t, "eval", fmt.Sprintf("application:set_env(rabbit, %s, %s).", key, strings.TrimSuffix(v, "}")))
-		} else {
-			ctl.run(t, "eval", fmt.Sprintf("application:unset_env(rabbit, %s).", key))
-		}
-	})
+	var once sync.Once
+	restore = func() {
+		once.Do(func() {
+			if v, ok := strings.CutPrefix(previous, "{ok,"); ok {
+				ctl.run(t, "eval", fmt.Sprintf("application:set_env(rabbit, %s, %s).", key, strings.TrimSuffix(v, "}")))
+			} else {
+				ctl.run(t, "eval", fmt.Sprintf("application:unset_env(rabbit, %s).", key))
+			}
+		})
+	}
+	t.Cleanup(restore)
 	ctl.run(t, "eval", fmt.Sprintf("application:set_env(rabbit, %s, %d).", key, value))
+	return restore
 }

@@ -82,6 +82,7 @@ func (e *env) tlsURL(b tlsBroker, withPassword bool, query string) string {
 // The service connects over amqps, verifying the broker's certificate
 // with the CA in cacertfile, logs in with its password, and applies.
 func TestTLSBrokerVerifiedWithItsCA(t *testing.T) {
+	parallel(t)
 	b := brokerTLS(t)
 	e := newEnvWith(t, b.backend)
 	instance := e.name + "-svc"
@@ -107,6 +108,7 @@ func TestTLSBrokerVerifiedWithItsCA(t *testing.T) {
 // With a CA that did not sign the broker's certificate the service does
 // not connect; it says why, in its log and in /readyz, and keeps trying.
 func TestTLSBrokerWithAnotherCAIsNotTrusted(t *testing.T) {
+	parallel(t)
 	b := brokerTLS(t)
 	e := newEnvWith(t, b.backend)
 	other := newTestCA(t, "another CA")
@@ -135,6 +137,7 @@ func TestTLSBrokerWithAnotherCAIsNotTrusted(t *testing.T) {
 // dead-letter connection, which reads the same URL, dead-letters a poison
 // message.
 func TestTLSClientCertificateLogsInWithEXTERNAL(t *testing.T) {
+	parallel(t)
 	b := brokerTLS(t)
 	e := newEnvWith(t, b.backend)
 	user := e.name + "_cert"
@@ -181,6 +184,7 @@ func TestTLSClientCertificateLogsInWithEXTERNAL(t *testing.T) {
 // names, without a password. With another CA it does not connect, and
 // says why. The server refuses every connection without TLS.
 func TestTLSDatabaseVerifyFull(t *testing.T) {
+	parallel(t)
 	if unavailable != "" {
 		t.Skip(unavailable)
 	}
@@ -245,6 +249,7 @@ func TestTLSDatabaseVerifyFull(t *testing.T) {
 // failed each handshake, lib/pq would have said nothing of the missing
 // root certificate until it connected.
 func TestTLSFileUnusableStopsTheServiceAtStart(t *testing.T) {
+	parallel(t)
 	dir := t.TempDir()
 	garbage := filepath.Join(dir, "ca.pem")
 	if err := os.WriteFile(garbage, []byte("not a certificate\n"), 0o644); err != nil {

@@ -17,6 +17,7 @@ import (
 // the transaction's span is the delivery span's child; the decision names
 // the trace for its log line.
 func TestTraceparentIsTheParentOfTheDeliverySpan(t *testing.T) {
+	parallel(t)
 	e := newEnv(t)
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
