@@ -136,7 +136,8 @@ func behindPgBouncer(t *testing.T, mode string) {
 	e.checkExactlyOnce(events)
 	e.checkAccountOrder(events)
 	var locks int
-	e.db.Get(&locks, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'`)
+	e.db.Get(&locks, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`)
 	if locks != 0 {
 		t.Errorf("%d advisory locks held after the service stopped, want 0", locks)
 	}
