@@ -19,7 +19,6 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -61,19 +60,6 @@ func run(ctx context.Context, args []string) error {
 	return app.Run(ctx, args)
 }
 
-// replicationEvery is how often the service reads again whether the
-// database has a synchronous standby, besides at each new connection.
-const replicationEvery = 10 * time.Second
-
-// databaseHosts returns the hosts of the database setting, for the log.
-func databaseHosts(setting string) string {
-	dsn, err := db.ParseDSN(setting)
-	if err != nil {
-		return ""
-	}
-	return strings.Join(dsn.Hosts(), ",")
-}
-
 // serve connects to the database (waiting for it while it is unreachable),
 // checks that its schema is current, migrating it when it may (MIGRATE),
 // waits for as long as it is not, and consumes until ctx ends, with the
@@ -82,30 +68,7 @@ func databaseHosts(setting string) string {
 func serve(ctx context.Context, cfg config.Config, migrations fs.FS, stderr io.Writer) error {
 	log, closeLog := observe.NewLogger(stderr, cfg.Level(), cfg.LogFormat)
 	defer closeLog()
-	amqpURLs, _ := cfg.BrokerURLs() // checked by config.Load: here for the log line alone
-	dbURL, _ := cfg.Database()
-	attrs := []any{"instance", cfg.Instance(), "amqp_url", config.Redact(strings.Join(amqpURLs, ",")),
-		"database_url", config.Redact(dbURL), "database_hosts", databaseHosts(dbURL),
-		"queues", cfg.QueueCount, "prefix", cfg.Prefix, "migrate", cfg.Migrate}
-	if cfg.AMQPURLFile != "" {
-		attrs = append(attrs, "amqp_url_file", cfg.AMQPURLFile)
-	}
-	if cfg.DatabaseURLFile != "" {
-		attrs = append(attrs, "database_url_file", cfg.DatabaseURLFile)
-	}
-	if cfg.RequireSync {
-		attrs = append(attrs, "require_sync_standby", true)
-	}
-	if cfg.ManagementURL != "" {
-		attrs = append(attrs, "management_url", config.Redact(cfg.ManagementURL))
-	}
-	if cfg.MgmtURLFile != "" {
-		attrs = append(attrs, "management_url_file", cfg.MgmtURLFile)
-	}
-	if !cfg.DeclareTopology {
-		attrs = append(attrs, "declare_topology", false)
-	}
-	log.Info("starting", attrs...)
+	log.Info("starting", cfg.Summary()...)
 	h := &observe.Health{}
 	m := observe.NewMetrics(h, cfg)
 	var wg sync.WaitGroup
@@ -142,12 +105,12 @@ func serve(ctx context.Context, cfg config.Config, migrations fs.FS, stderr io.W
 		return nil // ctx ended: stopped while waiting
 	}
 	defer database.Close()
-	if err := replication.WaitSynchronous(ctx, database, replicationEvery, func(err error) { h.Starting("%v", err) }); err != nil {
+	if err := replication.WaitSynchronous(ctx, database, db.ReplicationEvery, func(err error) { h.Starting("%v", err) }); err != nil {
 		return nil
 	}
 	h.Database(database)
 	wg.Add(1)
-	go func() { defer wg.Done(); replication.Run(jobs, database, replicationEvery) }()
+	go func() { defer wg.Done(); replication.Run(jobs, database, db.ReplicationEvery) }()
 	if err := db.SchemaWhenReady(ctx, database, migrations, cfg.Migrate, cfg.Reconnect(), log, h.SchemaWaiting); err != nil {
 		return nil
 	}

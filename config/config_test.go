@@ -2,6 +2,7 @@ package config
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -454,5 +455,32 @@ func TestManagementURLFromAFile(t *testing.T) {
 	t.Setenv("MANAGEMENT_URL", "http://h:15672")
 	if _, err := Load(); err == nil || !strings.Contains(err.Error(), "MANAGEMENT_URL and MANAGEMENT_URL_FILE are both set") {
 		t.Errorf("both set: %v", err)
+	}
+}
+
+// The start-up line names every host of a multi-host database URL, in
+// either of libpq's forms, and never a password.
+func TestSummaryNamesTheHostsAndHidesThePasswords(t *testing.T) {
+	for _, dsn := range []string{
+		"postgres://svc:s3cret@db1:5432,db2:5433/transfers?sslmode=disable&target_session_attrs=read-write",
+		"host=db1,db2 port=5432,5433 user=svc password=s3cret dbname=transfers sslmode=disable target_session_attrs=read-write",
+	} {
+		t.Setenv("DATABASE_URL", dsn)
+		t.Setenv("AMQP_URL", "amqp://svc:s3cret@broker:5672/")
+		cfg, err := Load()
+		if err != nil {
+			t.Fatal(err)
+		}
+		attrs := map[string]any{}
+		summary := cfg.Summary()
+		for i := 0; i+1 < len(summary); i += 2 {
+			attrs[summary[i].(string)] = summary[i+1]
+		}
+		if got := attrs["database_hosts"]; got != "db1:5432,db2:5433" {
+			t.Errorf("%s: database_hosts %v, want db1:5432,db2:5433", dsn, got)
+		}
+		if line := fmt.Sprint(summary...); strings.Contains(line, "s3cret") {
+			t.Errorf("the start-up line shows a password: %s", line)
+		}
 	}
 }

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 
 	"transferconsumer/consumer"
+	"transferconsumer/db"
 	"transferconsumer/retry"
 	"transferconsumer/topology"
 )
@@ -78,4 +80,38 @@ func (c Config) Consumer(log *slog.Logger) consumer.Config {
 		Reconnect:       c.Reconnect(),
 		Logger:          log,
 	}
+}
+
+// Summary is what the start-up log line says of the settings: where the
+// service connects (credentials hidden), to which hosts, and the settings
+// an operator looks for first.
+func (c Config) Summary() []any {
+	amqpURLs, _ := c.BrokerURLs() // checked by Load: here for the log line alone
+	dbURL, _ := c.Database()
+	var hosts string
+	if dsn, err := db.ParseDSN(dbURL); err == nil {
+		hosts = strings.Join(dsn.Hosts(), ",")
+	}
+	attrs := []any{"instance", c.Instance(), "amqp_url", Redact(strings.Join(amqpURLs, ",")),
+		"database_url", Redact(dbURL), "database_hosts", hosts,
+		"queues", c.QueueCount, "prefix", c.Prefix, "migrate", c.Migrate}
+	if c.AMQPURLFile != "" {
+		attrs = append(attrs, "amqp_url_file", c.AMQPURLFile)
+	}
+	if c.DatabaseURLFile != "" {
+		attrs = append(attrs, "database_url_file", c.DatabaseURLFile)
+	}
+	if c.RequireSync {
+		attrs = append(attrs, "require_sync_standby", true)
+	}
+	if c.ManagementURL != "" {
+		attrs = append(attrs, "management_url", Redact(c.ManagementURL))
+	}
+	if c.MgmtURLFile != "" {
+		attrs = append(attrs, "management_url_file", c.MgmtURLFile)
+	}
+	if !c.DeclareTopology {
+		attrs = append(attrs, "declare_topology", false)
+	}
+	return attrs
 }

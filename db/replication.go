@@ -21,6 +21,10 @@ type Replication struct {
 }
 
 // replicationQuery reads both settings in one round trip.
+// ReplicationEvery is how often the service reads again whether the
+// database has a synchronous standby, besides at each new connection.
+const ReplicationEvery = 10 * time.Second
+
 const replicationQuery = `SELECT current_setting('synchronous_standby_names'), current_setting('synchronous_commit')`
 
 // Synchronous reports whether a commit waits for a standby: only then does
