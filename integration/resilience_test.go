@@ -229,11 +229,24 @@ func (e *env) publishMany(n, accounts int) []transfer {
 	return out
 }
 
+// inboxCount counts the inbox's rows: the ring's, and the legacy table's
+// while it exists (adr/0009).
 func (e *env) inboxCount() int {
 	e.t.Helper()
 	var n int
 	if err := e.db.Get(&n, `SELECT count(*) FROM processed_event`); err != nil {
 		e.t.Fatal(err)
+	}
+	var legacy bool
+	if err := e.db.Get(&legacy, `SELECT to_regclass('processed_event_legacy') IS NOT NULL`); err != nil {
+		e.t.Fatal(err)
+	}
+	if legacy {
+		var m int
+		if err := e.db.Get(&m, `SELECT count(*) FROM processed_event_legacy`); err != nil {
+			e.t.Fatal(err)
+		}
+		n += m
 	}
 	return n
 }
