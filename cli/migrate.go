@@ -17,9 +17,10 @@ import (
 const migrateUsage = `Usage: transferconsumer migrate [--grant-to ROLE]
 
 Applies the migrations the schema lacks, and the function files (sql/functions)
-whose text changed, in one transaction, then drops the inbox table of the
+whose text changed, in one transaction; then drops the inbox table of the
 layout before the ring (processed_event_legacy) once its newest row is older
-than INBOX_TTL, and exits.
+than INBOX_TTL, grows the inbox's ring of daily partitions if INBOX_TTL needs
+more than it has (adr/0009), and exits.
 Run it as the role that owns the schema: the service itself then needs no
 privilege beyond data, and checks at start that the schema is current.
 
@@ -79,10 +80,13 @@ func migrateCommand(ctx context.Context, cfg config.Config, migrations fs.FS, gr
 	if dropped {
 		fmt.Fprintf(stdout, "dropped processed_event_legacy, the inbox of the layout before the ring: its newest row was older than INBOX_TTL (%s)\n", cfg.InboxTTL)
 	}
-	if ring, err := db.ReadRing(ctx, database); err != nil {
+	ring, grown, err := db.SizeRing(ctx, database, cfg.InboxTTL)
+	if err != nil {
 		return err
-	} else if w := db.RingWarning(ring, cfg.InboxTTL); w != "" {
-		fmt.Fprintf(stdout, "warning: %s\n", w)
+	}
+	if grown {
+		fmt.Fprintf(stdout, "grew the inbox ring to %d slots of %s, covering INBOX_TTL (%s); retention empties no slot until every row placed before is older than it\n",
+			ring.Slots, ring.Width, cfg.InboxTTL)
 	}
 	if grantTo == "" {
 		return nil

@@ -159,3 +159,53 @@ func TestOldestInboxAge(t *testing.T) {
 		t.Errorf("OldestInboxAge = %s, %v; want between 3 and 4 days", age, err)
 	}
 }
+
+// migrate grows the ring for a longer INBOX_TTL, never shrinks it, and
+// retention then empties nothing until every row the smaller ring placed
+// is older than the TTL: the new formula maps days to other slots. Once
+// they are (the change moved back in time here), the slot the new ring
+// says is due is emptied, and a claim finds the rows of either formula.
+func TestSizeRingGrowsForALongerTTL(t *testing.T) {
+	database := testDB(t, 2)
+	ctx := context.Background()
+	if ring, grown, err := SizeRing(ctx, database, 720*time.Hour); err != nil || grown || ring.Slots != 32 {
+		t.Errorf("SizeRing(720h) = %+v, %v, %v; want the 32 slots kept", ring, grown, err)
+	}
+	before := fillDay(t, database, 31, 3) // due under 32 slots and a 30-day TTL
+	for day := 1; day < 30; day++ {
+		fillDay(t, database, day, 1) // young: the new formula maps some of their slots to old days
+	}
+	ring, grown, err := SizeRing(ctx, database, 40*24*time.Hour)
+	if err != nil || !grown || ring.Slots != 42 || ring.Covers() != 40*24*time.Hour {
+		t.Fatalf("SizeRing(40 days) = %+v, %v, %v; want 42 slots covering 40 days", ring, grown, err)
+	}
+	var parts int
+	database.Get(&parts, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'processed_event'::regclass`)
+	if parts != 42 {
+		t.Errorf("%d partitions, want 42", parts)
+	}
+	if ring, grown, err := SizeRing(ctx, database, 720*time.Hour); err != nil || grown || ring.Slots != 42 {
+		t.Errorf("SizeRing(720h) after = %+v, %v, %v; want the 42 slots kept", ring, grown, err)
+	}
+	if res, err := Prune(ctx, database, 720*time.Hour, 10); err != nil || len(res.Truncated) != 0 {
+		t.Errorf("Prune just after the ring grew = %+v, %v; want nothing emptied", res, err)
+	}
+	var rows int
+	database.Get(&rows, `SELECT count(*) FROM processed_event`)
+	if rows != 3+29 {
+		t.Errorf("%d inbox rows after the ring grew and retention ran, want all %d", rows, 3+29)
+	}
+
+	database.MustExec(`UPDATE inbox_ring SET resized_at = now() - interval '41 days'`)
+	due := fillDay(t, database, 41, 2) // due under 42 slots and a 40-day TTL
+	res, err := Prune(ctx, database, 40*24*time.Hour, 10)
+	if err != nil || !slices.Equal(res.Truncated, []int{due}) {
+		t.Errorf("Prune a TTL after the ring grew = %+v, %v; want slot %d emptied", res, err, due)
+	}
+	ev := newEvent(t, newID(), "TransferCreated", newID(), "acc_a", "acc_b", 1)
+	database.MustExec(`INSERT INTO processed_event (event_id, event_type, processed_at, fingerprint, slot)
+		VALUES ($1, $2, now() - interval '20 days', $3, $4)`, ev.ID, ev.Type, ev.Fingerprint, before)
+	if r, err := NewInbox(database).Apply(ctx, ev); err != nil || !r.Duplicate {
+		t.Errorf("an event in a slot of the smaller ring, again = %+v, %v; want a duplicate", r, err)
+	}
+}

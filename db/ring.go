@@ -46,7 +46,7 @@ func RingWarning(r Ring, ttl time.Duration) string {
 	}
 	return fmt.Sprintf("INBOX_TTL (%s) is longer than the inbox ring covers (%d slots of %s: %s): "+
 		"no applied eventId is forgotten early, but retention cannot empty a slot before the ring comes back to it, so the inbox grows; "+
-		"lower INBOX_TTL, or have the schema's owner make a ring that covers it (adr/0009)", ttl, r.Slots, r.Width, r.Covers())
+		"lower INBOX_TTL, or have the schema's owner run `transferconsumer migrate` with it, which grows the ring (adr/0009)", ttl, r.Slots, r.Width, r.Covers())
 }
 
 // slotPartition is the name of slot's partition, as sql/0011 made it.
@@ -57,6 +57,8 @@ func slotPartition(slot int) string { return fmt.Sprintf("processed_event_s%02d"
 // to the slot ended more than the TTL ago, and the ring's turn at d+slots
 // is still ahead (its start is returned, as until). A slot holding rows of
 // an earlier round too (retention missed its turn) holds only older ones.
+// After the ring grew (SizeRing), no slot is due until every row placed by
+// the smaller ring's formula is older than the TTL.
 const dueSQL = `
 	SELECT s.slot, to_timestamp((l.d + r.slots) * r.width_seconds) AS until
 	FROM inbox_ring r
@@ -64,6 +66,7 @@ const dueSQL = `
 	CROSS JOIN LATERAL generate_series(0, r.slots - 1) s(slot)
 	CROSS JOIN LATERAL (SELECT n.today - ((n.today - s.slot) % r.slots + r.slots) % r.slots AS d) l
 	WHERE l.d <> n.today AND to_timestamp((l.d + 1) * r.width_seconds) <= now() - $1::interval
+	  AND r.resized_at <= now() - $1::interval
 	ORDER BY s.slot`
 
 // dueSlot is one row of dueSQL.
@@ -107,4 +110,80 @@ func truncateSlot(ctx context.Context, db *sqlx.DB, s dueSlot, lockTimeout time.
 		return nil
 	})
 	return ran, emptied && err == nil, err
+}
+
+// SlotsFor returns the size of a ring of slots of width that keeps ttl:
+// the TTL's slots, one being written, and one waiting to be emptied.
+func SlotsFor(ttl, width time.Duration) int {
+	return int((ttl+width-1)/width) + 2
+}
+
+// SizeRing grows the inbox ring so that it covers ttl (adr/0009), and
+// returns the ring as it then is and whether it grew. It needs the
+// schema's owner: the owner's `migrate` runs it. It never shrinks the ring
+// (a partition dropped would take the rows of its day with it): a ring
+// larger than ttl needs is kept.
+//
+// Growing makes the partitions of the new slots, gives TRUNCATE on them to
+// every role that has it on the ring's first slot, and records the ring's
+// new size and when it changed, all in one transaction. It takes inbox_ring
+// in ACCESS EXCLUSIVE mode first, so the claims that computed a slot with
+// the old size have committed before the new size is written, and those
+// after wait a moment and read the new one; resized_at, read after the
+// lock, is later than every row placed by the old formula, and retention
+// empties nothing until those are all older than the TTL (dueSQL): with a
+// new size the formula maps a day to another slot, and a slot may hold
+// rows the new formula does not expect there.
+func SizeRing(ctx context.Context, db *sqlx.DB, ttl time.Duration) (Ring, bool, error) {
+	var ring Ring
+	grown := false
+	err := inTx(ctx, db, func(tx *sqlx.Tx) error {
+		if _, err := tx.ExecContext(ctx, `SET LOCAL lock_timeout = 2000`); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, `LOCK TABLE inbox_ring IN ACCESS EXCLUSIVE MODE`); err != nil {
+			return err
+		}
+		r, err := ReadRing(ctx, tx)
+		if err != nil {
+			return err
+		}
+		ring = r
+		want := SlotsFor(ttl, r.Width)
+		if want <= r.Slots {
+			return nil
+		}
+		if want > 1000 {
+			return fmt.Errorf("INBOX_TTL %s needs a ring of %d slots of %s; more than 1000 is refused", ttl, want, r.Width)
+		}
+		var roles []string
+		if err := tx.SelectContext(ctx, &roles, `SELECT DISTINCT grantee FROM information_schema.role_table_grants
+			WHERE table_schema = current_schema() AND table_name = $1 AND privilege_type = 'TRUNCATE'
+			  AND grantee <> current_user AND grantee <> 'PUBLIC'`, slotPartition(0)); err != nil {
+			return err
+		}
+		for slot := r.Slots; slot < want; slot++ {
+			part := pq.QuoteIdentifier(slotPartition(slot))
+			if _, err := tx.ExecContext(ctx, fmt.Sprintf(`CREATE TABLE %s PARTITION OF processed_event FOR VALUES IN (%d)`, part, slot)); err != nil {
+				return err
+			}
+			for _, role := range roles {
+				if _, err := tx.ExecContext(ctx, `GRANT TRUNCATE ON `+part+` TO `+pq.QuoteIdentifier(role)); err != nil {
+					return err
+				}
+			}
+		}
+		if _, err := tx.ExecContext(ctx, `UPDATE inbox_ring SET slots = $1, resized_at = clock_timestamp()`, want); err != nil {
+			return err
+		}
+		ring.Slots, grown = want, true
+		return nil
+	})
+	if lockTimedOut(err) {
+		return ring, false, fmt.Errorf("grow the inbox ring: inbox_ring stayed busy for 2 s; run migrate again: %w", translate(err))
+	}
+	if err != nil {
+		return ring, false, fmt.Errorf("grow the inbox ring: %w", translate(err))
+	}
+	return ring, grown, nil
 }

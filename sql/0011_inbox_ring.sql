@@ -7,7 +7,7 @@
 -- day number modulo the ring's size. inbox_ring holds that size and the
 -- slot's width: 32 slots of one day, so 30 days (the default INBOX_TTL,
 -- adr/0003) fit with one slot being written and one waiting for its turn
--- to be emptied. The primary key (event_id, slot) is unique within each
+-- to be emptied; `migrate` grows the ring for a longer INBOX_TTL. The primary key (event_id, slot) is unique within each
 -- partition only: the claims' advisory lock on the event id (apply_event,
 -- apply_batch) is what makes a claim exact across the ring.
 --
@@ -43,10 +43,14 @@ BEGIN
     ALTER TABLE processed_event_legacy RENAME CONSTRAINT processed_event_pkey TO processed_event_legacy_pkey;
     ALTER INDEX processed_event_processed_at RENAME TO processed_event_legacy_processed_at;
 
+    -- resized_at: when `migrate` last grew the ring (db.SizeRing); rows
+    -- claimed before it were placed by the smaller ring's formula, so
+    -- retention empties nothing until they are all past the TTL.
     CREATE TABLE inbox_ring (
-        one           BOOLEAN  PRIMARY KEY DEFAULT true CHECK (one),
-        slots         SMALLINT NOT NULL CHECK (slots >= 3),
-        width_seconds INTEGER  NOT NULL CHECK (width_seconds > 0)
+        one           BOOLEAN     PRIMARY KEY DEFAULT true CHECK (one),
+        slots         SMALLINT    NOT NULL CHECK (slots >= 3),
+        width_seconds INTEGER     NOT NULL CHECK (width_seconds > 0),
+        resized_at    TIMESTAMPTZ NOT NULL DEFAULT '-infinity'
     );
     INSERT INTO inbox_ring (slots, width_seconds) VALUES (32, 86400);
 
