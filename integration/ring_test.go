@@ -151,9 +151,9 @@ func TestDuplicateDuringATruncateIsCaught(t *testing.T) {
 
 // An INBOX_TTL longer than the ring covers is said: in /readyz (which stays
 // ready: nothing is forgotten early), in the metric an alert compares with
-// INBOX_TTL, and in the log, once however often retention runs. (That
-// retention then empties no slot the TTL protects is
-// db.TestPruneWithTTLBeyondTheRing.)
+// INBOX_TTL, and in the log, once however often retention runs; until the
+// owner's migrate, given that TTL, grows the ring. (That retention empties
+// no slot the TTL protects meanwhile is db.TestPruneWithTTLBeyondTheRing.)
 func TestInboxTTLBeyondTheRingIsSaid(t *testing.T) {
 	parallel(t)
 	e := newEnv(t)
@@ -175,6 +175,20 @@ func TestInboxTTLBeyondTheRingIsSaid(t *testing.T) {
 	}
 	if v := metricValue(metrics, "transferconsumer_inbox_ttl_seconds"); v != 800*3600 {
 		t.Errorf("transferconsumer_inbox_ttl_seconds = %v, want 800h", v)
+	}
+
+	// The owner's migrate with that TTL grows the ring; the service's next
+	// retention run reads it, and the warning goes.
+	out, err := runCommand(t, []string{"DATABASE_URL=" + e.dbURL, "INBOX_TTL=800h"}, "migrate")
+	if err != nil || !strings.Contains(out, "grew the inbox ring to 36 slots of 24h0m0s") {
+		t.Fatalf("migrate with INBOX_TTL=800h: %v\n%s", err, out)
+	}
+	waitFor(t, 30*time.Second, "/readyz without the warning", func() bool {
+		ready = nil
+		return getJSON(t, base+"/readyz", &ready) == 200 && ready["inbox"] == nil
+	})
+	if v := metricValue(getText(t, base+"/metrics"), "transferconsumer_inbox_ring_covers_seconds"); v != 34*24*3600 {
+		t.Errorf("transferconsumer_inbox_ring_covers_seconds = %v after migrate, want 34 days", v)
 	}
 	if err := proc.stop(syscall.SIGTERM, 20*time.Second); err != nil {
 		t.Errorf("exit after SIGTERM: %v", err)
