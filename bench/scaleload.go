@@ -195,7 +195,7 @@ func prefill(db *sql.DB, rows, transfers, accounts int, ttl time.Duration, expir
 	res.IndexBytes = map[string]int64{}
 	for _, ix := range saved {
 		var n int64
-		if err := db.QueryRow(`SELECT sum(pg_relation_size(relid))::bigint FROM pg_partition_tree($1::regclass)`, ix.name).Scan(&n); err != nil {
+		if err := db.QueryRow(`SELECT coalesce((SELECT sum(pg_relation_size(relid))::bigint FROM pg_partition_tree($1::regclass)), pg_relation_size($1::regclass))`, ix.name).Scan(&n); err != nil {
 			return res, err
 		}
 		res.IndexBytes[ix.name] = n
