@@ -186,14 +186,16 @@ func prefill(db *sql.DB, rows, transfers, accounts int, ttl time.Duration, expir
 		ttl.Seconds()).Scan(&res.Expired); err != nil {
 		return res, err
 	}
-	if err := db.QueryRow(`SELECT pg_total_relation_size('processed_event'), pg_total_relation_size('transfer'),
-		pg_database_size(current_database())`).Scan(&res.InboxBytes, &res.TransferBytes, &res.DatabaseBytes); err != nil {
+	// The inbox's partitions (the ring's slots) hold its storage, not the
+	// partitioned table itself.
+	if err := db.QueryRow(`SELECT (SELECT sum(pg_total_relation_size(relid))::bigint FROM pg_partition_tree('processed_event')),
+		pg_total_relation_size('transfer'), pg_database_size(current_database())`).Scan(&res.InboxBytes, &res.TransferBytes, &res.DatabaseBytes); err != nil {
 		return res, err
 	}
 	res.IndexBytes = map[string]int64{}
 	for _, ix := range saved {
 		var n int64
-		if err := db.QueryRow(`SELECT pg_relation_size($1::regclass)`, ix.name).Scan(&n); err != nil {
+		if err := db.QueryRow(`SELECT coalesce((SELECT sum(pg_relation_size(relid))::bigint FROM pg_partition_tree($1::regclass)), pg_relation_size($1::regclass))`, ix.name).Scan(&n); err != nil {
 			return res, err
 		}
 		res.IndexBytes[ix.name] = n
