@@ -140,7 +140,7 @@ func serve(ctx context.Context, cfg config.Config, migrations fs.FS, stderr io.W
 	h.Service(svc)
 
 	wg.Add(1)
-	go func() { defer wg.Done(); cli.PruneLoop(jobs, database, cfg, m, h, log) }()
+	go func() { defer wg.Done(); cli.PruneLoop(jobs, database, cfg, m, log) }()
 	wg.Add(1)
 	go func() { defer wg.Done(); cli.ReconcileLoop(jobs, database, cfg, m, log) }()
 

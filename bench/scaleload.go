@@ -47,9 +47,7 @@ type savedIndex struct {
 // indexes are dropped first and built after the load, then VACUUM ANALYZE
 // and CHECKPOINT. Inbox rows have random v4 event ids and a processed_at
 // spread evenly, in insertion order, over a span ending now, of which the
-// oldest fraction expired lies beyond ttl, each in the slot of the inbox
-// ring its processed_at makes (so spread over the live slots, as claims
-// over that span would have left them); half are TransferCreated, 45%
+// oldest fraction expired lies beyond ttl; half are TransferCreated, 45%
 // TransferCompleted, 5% TransferFailed.
 // Transfers are spread over the last year over accounts accounts (named as
 // the backlog names them), each paying a random other account a random
@@ -98,12 +96,12 @@ func prefill(db *sql.DB, rows, transfers, accounts int, ttl time.Duration, expir
 		for lo := 0; lo < rows; lo += chunk {
 			hi := min(lo+chunk, rows) - 1
 			if _, err := conn.ExecContext(bg, `
-				INSERT INTO processed_event (event_id, event_type, processed_at, fingerprint, slot)
+				INSERT INTO processed_event (event_id, event_type, processed_at, fingerprint)
 				SELECT gen_random_uuid(),
 				       CASE WHEN i % 2 = 0 THEN 'TransferCreated' WHEN i % 20 = 19 THEN 'TransferFailed' ELSE 'TransferCompleted' END,
-				       at, sha256(int8send(i)), inbox_slot(at)
-				FROM (SELECT i, now() - make_interval(secs => $3) + make_interval(secs => $3 * i / $4::float8) AS at
-				      FROM generate_series($1::bigint, $2::bigint) i) s`, lo, hi, span, rows); err != nil {
+				       now() - make_interval(secs => $3) + make_interval(secs => $3 * i / $4::float8),
+				       sha256(int8send(i))
+				FROM generate_series($1::bigint, $2::bigint) i`, lo, hi, span, rows); err != nil {
 				return err
 			}
 		}
@@ -160,7 +158,7 @@ func prefill(db *sql.DB, rows, transfers, accounts int, ttl time.Duration, expir
 				return fmt.Errorf("%s: %w", q, err)
 			}
 			if with != "" {
-				if err := resetFillfactor(conn, ix.name); err != nil {
+				if _, err := conn.ExecContext(bg, "ALTER INDEX "+ix.name+" RESET (fillfactor)"); err != nil {
 					return err
 				}
 			}
@@ -186,53 +184,19 @@ func prefill(db *sql.DB, rows, transfers, accounts int, ttl time.Duration, expir
 		ttl.Seconds()).Scan(&res.Expired); err != nil {
 		return res, err
 	}
-	// The inbox's partitions (the ring's slots) hold its storage, not the
-	// partitioned table itself.
-	if err := db.QueryRow(`SELECT (SELECT sum(pg_total_relation_size(relid))::bigint FROM pg_partition_tree('processed_event')),
-		pg_total_relation_size('transfer'), pg_database_size(current_database())`).Scan(&res.InboxBytes, &res.TransferBytes, &res.DatabaseBytes); err != nil {
+	if err := db.QueryRow(`SELECT pg_total_relation_size('processed_event'), pg_total_relation_size('transfer'),
+		pg_database_size(current_database())`).Scan(&res.InboxBytes, &res.TransferBytes, &res.DatabaseBytes); err != nil {
 		return res, err
 	}
 	res.IndexBytes = map[string]int64{}
 	for _, ix := range saved {
 		var n int64
-		if err := db.QueryRow(`SELECT coalesce((SELECT sum(pg_relation_size(relid))::bigint FROM pg_partition_tree($1::regclass)), pg_relation_size($1::regclass))`, ix.name).Scan(&n); err != nil {
+		if err := db.QueryRow(`SELECT pg_relation_size($1::regclass)`, ix.name).Scan(&n); err != nil {
 			return res, err
 		}
 		res.IndexBytes[ix.name] = n
 	}
 	return res, nil
-}
-
-// resetFillfactor resets index's fillfactor to the default; for the index
-// of a partitioned table (the inbox ring's), each partition's, the
-// partitioned index itself having no storage to fill.
-func resetFillfactor(conn *sql.Conn, index string) error {
-	rows, err := conn.QueryContext(bg, `
-		SELECT c.oid::regclass::text FROM pg_class c WHERE c.oid = $1::regclass AND c.relkind = 'i'
-		UNION ALL
-		SELECT i.inhrelid::regclass::text FROM pg_inherits i WHERE i.inhparent = $1::regclass`, index)
-	if err != nil {
-		return err
-	}
-	var names []string
-	for rows.Next() {
-		var n string
-		if err := rows.Scan(&n); err != nil {
-			rows.Close()
-			return err
-		}
-		names = append(names, n)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	for _, n := range names {
-		if _, err := conn.ExecContext(bg, "ALTER INDEX "+n+" RESET (fillfactor)"); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // saveIndexes reads the definitions of the indexes of tables.

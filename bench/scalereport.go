@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"strings"
 	"text/tabwriter"
 )
 
@@ -70,7 +69,7 @@ func printScale(w io.Writer, r scaleResult) {
 	inbox := func(d drainResult) float64 {
 		var b int64
 		for _, rel := range d.WAL.Relations {
-			if strings.HasPrefix(rel.Name, "processed_event") { // the ring's slots and their keys too
+			if rel.Name == "processed_event" || rel.Name == "processed_event_pkey" || rel.Name == "processed_event_processed_at" {
 				b += rel.Bytes
 			}
 		}

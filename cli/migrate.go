@@ -17,18 +17,14 @@ import (
 const migrateUsage = `Usage: transferconsumer migrate [--grant-to ROLE]
 
 Applies the migrations the schema lacks, and the function files (sql/functions)
-whose text changed, in one transaction; then drops the inbox table of the
-layout before the ring (processed_event_legacy) once its newest row is older
-than INBOX_TTL, grows the inbox's ring of daily partitions if INBOX_TTL needs
-more than it has (adr/0009), and exits.
+whose text changed, in one transaction, then exits.
 Run it as the role that owns the schema: the service itself then needs no
 privilege beyond data, and checks at start that the schema is current.
 
 --grant-to ROLE then grants ROLE, the service's role, what the service
 needs and nothing that changes the schema: CONNECT on the database, USAGE
 on the schema, SELECT, INSERT, UPDATE and DELETE on every table of the
-schema (only SELECT on schema_migration), TRUNCATE on the inbox ring's
-slots (retention empties them), USAGE on its sequences and
+schema (only SELECT on schema_migration), USAGE on its sequences and
 EXECUTE on its functions; and, by ALTER DEFAULT PRIVILEGES for the role
 running this command, the same on the tables, sequences and functions
 later migrations create. Run later migrations as the same role. Running it
@@ -73,21 +69,6 @@ func migrateCommand(ctx context.Context, cfg config.Config, migrations fs.FS, gr
 		return err
 	}
 	fmt.Fprintf(stdout, "applied %d migration(s) %v\n", len(applied), applied)
-	dropped, err := db.DropLegacyInbox(ctx, database, cfg.InboxTTL, 2*time.Second)
-	if err != nil {
-		return err
-	}
-	if dropped {
-		fmt.Fprintf(stdout, "dropped processed_event_legacy, the inbox of the layout before the ring: its newest row was older than INBOX_TTL (%s)\n", cfg.InboxTTL)
-	}
-	ring, grown, err := db.SizeRing(ctx, database, cfg.InboxTTL)
-	if err != nil {
-		return err
-	}
-	if grown {
-		fmt.Fprintf(stdout, "grew the inbox ring to %d slots of %s, covering INBOX_TTL (%s); retention empties no slot until every row placed before is older than it\n",
-			ring.Slots, ring.Width, cfg.InboxTTL)
-	}
 	if grantTo == "" {
 		return nil
 	}
@@ -113,13 +94,7 @@ func pruneCommand(ctx context.Context, cfg config.Config, stdout io.Writer) erro
 		fmt.Fprintln(stdout, "another replica is pruning; nothing done")
 		return nil
 	}
-	fmt.Fprintf(stdout, "emptied %d slot(s) of the inbox ring %v, every row older than %s; deleted %d legacy inbox rows in %d batch(es), %s\n",
-		len(res.Truncated), res.Truncated, cfg.InboxTTL, res.Deleted, res.Batches, time.Since(start).Round(time.Millisecond))
-	if len(res.Waiting) > 0 {
-		fmt.Fprintf(stdout, "slot(s) %v are due but stayed busy past the lock timeout: the next run tries again\n", res.Waiting)
-	}
-	if w := db.RingWarning(res.Ring, cfg.InboxTTL); w != "" {
-		fmt.Fprintf(stdout, "warning: %s\n", w)
-	}
+	fmt.Fprintf(stdout, "deleted %d inbox rows older than %s in %d batch(es), %s\n",
+		res.Deleted, cfg.InboxTTL, res.Batches, time.Since(start).Round(time.Millisecond))
 	return nil
 }

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"testing"
 	"testing/fstest"
-	"time"
 
 	"github.com/jmoiron/sqlx"
 
@@ -178,26 +177,21 @@ func TestUpgradeFromMigrationsThatDefinedTheFunctions(t *testing.T) {
 	}
 
 	fns, _ := functions(newSQL)
-	// The migrations released since, then every function file.
-	all, _ := list(newSQL)
 	var fnFiles []string
-	for _, m := range all[10:] {
-		fnFiles = append(fnFiles, m.name)
-	}
 	for _, f := range fns {
 		fnFiles = append(fnFiles, f.file)
 	}
 	if missing, err := Pending(ctx, svc, newSQL); err != nil || !slices.Equal(missing, fnFiles) {
-		t.Errorf("Pending as %s before the upgrade = %v, %v, want the later migrations and the function files %v", role, missing, err, fnFiles)
+		t.Errorf("Pending as %s before the upgrade = %v, %v, want the function files %v", role, missing, err, fnFiles)
 	}
 	applied, err := Migrate(ctx, owner, newSQL)
 	if err != nil || !slices.Equal(applied, fnFiles) {
-		t.Fatalf("the upgrade applied %v, %v, want the later migrations and the function files %v", applied, err, fnFiles)
+		t.Fatalf("the upgrade applied %v, %v, want the function files alone %v", applied, err, fnFiles)
 	}
 	var versions int
 	owner.Get(&versions, `SELECT count(*) FROM schema_migration`)
-	if versions != len(all) {
-		t.Errorf("schema_migration has %d rows after the upgrade, want the 10 it had and the %d released since", versions, len(all)-10)
+	if versions != 10 {
+		t.Errorf("schema_migration has %d rows after the upgrade, want the 10 it had", versions)
 	}
 	if applied, err := Migrate(ctx, owner, newSQL); err != nil || len(applied) != 0 {
 		t.Errorf("Migrate again = %v, %v, want nothing to do", applied, err)
@@ -250,34 +244,6 @@ func TestUpgradeFromMigrationsThatDefinedTheFunctions(t *testing.T) {
 	owner.Get(&balance, `SELECT balance_minor FROM balance_projection WHERE account = 'acc_a'`)
 	if balance != -100 {
 		t.Errorf("acc_a's balance %d, want -100 (a failed transfer gives its amount back)", balance)
-	}
-
-	// The inbox of the old layout stays, looked up, until its newest row
-	// is older than INBOX_TTL; then the owner's migrate drops it. The
-	// role, granted before the ring existed, may empty the ring's slots.
-	var legacy int
-	owner.Get(&legacy, `SELECT count(*) FROM processed_event_legacy`)
-	if legacy != 1 {
-		t.Errorf("the legacy inbox holds %d rows, want the one applied before the upgrade", legacy)
-	}
-	due := fillDay(t, owner, 31, 3)
-	if res, err := Prune(ctx, svc, 720*time.Hour, 10); err != nil || !slices.Equal(res.Truncated, []int{due}) || res.Deleted != 0 {
-		t.Errorf("Prune as %s = %+v, %v; want slot %d emptied, no legacy row deleted", role, res, err, due)
-	}
-	if dropped, err := DropLegacyInbox(ctx, owner, 720*time.Hour, time.Second); err != nil || dropped {
-		t.Errorf("DropLegacyInbox with a young row = %v, %v; want it kept", dropped, err)
-	}
-	owner.MustExec(`UPDATE processed_event_legacy SET processed_at = now() - interval '721 hours'`)
-	if dropped, err := DropLegacyInbox(ctx, owner, 720*time.Hour, time.Second); err != nil || !dropped {
-		t.Errorf("DropLegacyInbox once its rows are older than the TTL = %v, %v; want it dropped", dropped, err)
-	}
-	if r, err := in.Apply(ctx, before); err != nil || !r.Duplicate {
-		t.Errorf("the event applied before the upgrade, after the legacy inbox went = %+v, %v; want a duplicate (its transfer row)", r, err)
-	}
-	later := newEvent(t, newID(), event.TransferCreated, newID(), "acc_a", "acc_c", 1)
-	out, err = l.(*lane).ApplyBatch(ctx, []event.Event{later, later})
-	if err != nil || len(out) != 2 || out[0].Result.Duplicate || !out[1].Result.Duplicate {
-		t.Errorf("a batch without the legacy inbox = %+v, %v", out, err)
 	}
 }
 

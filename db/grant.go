@@ -18,8 +18,6 @@ import (
 //   - SELECT, INSERT, UPDATE and DELETE on every table of the schema, but
 //     only SELECT on schema_migration: the service reads it to check the
 //     schema is current, and never writes it unless it migrates;
-//   - TRUNCATE on the inbox ring's slots, which retention empties
-//     (adr/0009), and on no other table;
 //   - USAGE on every sequence (a BIGSERIAL's nextval);
 //   - EXECUTE on every function: PostgreSQL grants it to PUBLIC by default,
 //     but an estate that revoked that (ALTER DEFAULT PRIVILEGES … REVOKE
@@ -70,16 +68,6 @@ func Grant(ctx context.Context, db *sqlx.DB, role string) error {
 		}
 		if hasMigrations {
 			stmts = append(stmts, "REVOKE INSERT, UPDATE, DELETE ON TABLE "+s+".schema_migration FROM "+r)
-		}
-		// Retention empties the inbox ring's slots by TRUNCATE (adr/0009):
-		// on those partitions alone.
-		var slots []string
-		if err := tx.SelectContext(ctx, &slots, `SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-			WHERE i.inhparent = to_regclass('processed_event') ORDER BY 1`); err != nil {
-			return fmt.Errorf("grant: %w", err)
-		}
-		for _, p := range slots {
-			stmts = append(stmts, "GRANT TRUNCATE ON TABLE "+s+"."+pq.QuoteIdentifier(p)+" TO "+r)
 		}
 		for _, stmt := range stmts {
 			if _, err := tx.ExecContext(ctx, stmt); err != nil {

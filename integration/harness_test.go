@@ -447,20 +447,6 @@ func (e *env) balance(account string) int64 {
 	return b
 }
 
-// expiredDay is an SQL time an hour into the day 31 days before today:
-// with INBOX_TTL 720h, its slot of the inbox ring (days, sql/0011) is due
-// for retention (adr/0009).
-const expiredDay = `(to_timestamp((floor(extract(epoch FROM now()) / 86400) - 31) * 86400) + interval '1 hour')`
-
-// insertInboxRows inserts n inbox rows claimed at the SQL time at, in that
-// time's slot, with an empty fingerprint.
-func (e *env) insertInboxRows(n int, at string) {
-	e.t.Helper()
-	e.db.MustExec(`INSERT INTO processed_event (event_id, event_type, processed_at, fingerprint, slot)
-		SELECT gen_random_uuid(), 'TransferCreated', `+at+`, '\x00', inbox_slot(`+at+`)
-		FROM generate_series(1, $1)`, n)
-}
-
 func (e *env) inboxRows(eventID string) int {
 	e.t.Helper()
 	var n int

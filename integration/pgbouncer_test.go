@@ -42,7 +42,9 @@ func behindPgBouncer(t *testing.T, mode string) {
 	e.declare(queues)
 	e.recordApplyOrder()
 	// Inbox rows old enough for retention to prune through the pooler.
-	e.insertInboxRows(20, expiredDay)
+	e.db.MustExec(`INSERT INTO processed_event (event_id, event_type, processed_at, fingerprint)
+		SELECT gen_random_uuid(), 'TransferCreated', now() - interval '800 hours', '\x00'
+		FROM generate_series(1, 20)`)
 	// In transaction mode, fewer server connections than the service opens
 	// (QUEUE_COUNT+4): its clients take turns on them, and with the
 	// bystander's. In session mode a client keeps its server connection,

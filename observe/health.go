@@ -31,9 +31,6 @@ type Health struct {
 	schema   atomic.Pointer[schemaState] // nil until the schema was first checked
 	// replication says whether a failover may lose acked events
 	replication atomic.Pointer[db.ReplicationWatch]
-	// ringWarning is what the inbox ring's size says of INBOX_TTL: "" when
-	// the ring covers it
-	ringWarning atomic.Pointer[string]
 }
 
 // Database records the database, once it is open.
@@ -44,13 +41,6 @@ func (h *Health) Service(svc *consumer.Service) { h.svc.Store(svc) }
 
 // Replication has /readyz say whether a failover may lose acked events.
 func (h *Health) Replication(w *db.ReplicationWatch) { h.replication.Store(w) }
-
-// InboxRing has /readyz warn when INBOX_TTL is longer than the inbox ring
-// covers (adr/0009). It only warns: no eventId is forgotten early.
-func (h *Health) InboxRing(r db.Ring, ttl time.Duration) {
-	w := db.RingWarning(r, ttl)
-	h.ringWarning.Store(&w)
-}
 
 // schemaState is what start-up last found of the schema.
 type schemaState struct {
@@ -170,9 +160,6 @@ func (h *Health) readiness() (int, map[string]any) {
 		detail, ok := w.Status()
 		body["replication"] = detail
 		ready = ready && ok
-	}
-	if w := h.ringWarning.Load(); w != nil && *w != "" {
-		body["inbox"] = *w
 	}
 	body["ready"] = ready
 	if !ready {

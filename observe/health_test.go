@@ -4,9 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"reflect"
-	"strings"
 	"testing"
-	"time"
 
 	"transferconsumer/db"
 	"transferconsumer/topology"
@@ -83,27 +81,5 @@ func TestReadinessSaysWhatTheTopologyCheckFound(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// An INBOX_TTL longer than the inbox ring covers is said under "inbox",
-// and only said: readiness does not change with it, since no eventId is
-// forgotten early (adr/0009).
-func TestReadinessWarnsOfATTLBeyondTheRing(t *testing.T) {
-	h := &Health{}
-	ring := db.Ring{Slots: 32, Width: 24 * time.Hour}
-	h.InboxRing(ring, 720*time.Hour)
-	_, body := h.readiness()
-	if body["inbox"] != nil {
-		t.Errorf("a TTL the ring covers: inbox %q", body["inbox"])
-	}
-	codeBefore, _ := h.readiness()
-	h.InboxRing(ring, 800*time.Hour)
-	code, body := h.readiness()
-	if w, _ := body["inbox"].(string); !strings.Contains(w, "INBOX_TTL (800h0m0s) is longer than the inbox ring covers") {
-		t.Errorf("a TTL beyond the ring: inbox %q", body["inbox"])
-	}
-	if code != codeBefore {
-		t.Errorf("readiness %d with the warning, %d without", code, codeBefore)
 	}
 }

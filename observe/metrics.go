@@ -25,9 +25,6 @@ type Metrics struct {
 	batches    prometheus.Histogram
 	conflicts  prometheus.Counter
 	pruned     prometheus.Counter
-	truncated  prometheus.Counter
-	ringCovers prometheus.Gauge
-	ringWidth  prometheus.Gauge
 	reconcile  reconcileGauges // reconcile.go
 
 	// The series of the two common outcomes, resolved once rather than
@@ -66,23 +63,9 @@ func NewMetrics(h *Health, cfg config.Config) *Metrics {
 		}),
 		pruned: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Name: "inbox_pruned_rows_total",
-			Help: "Rows of the legacy inbox (the layout before the ring) deleted by retention.",
-		}),
-		truncated: prometheus.NewCounter(prometheus.CounterOpts{
-			Namespace: ns, Name: "inbox_slots_truncated_total",
-			Help: "Slots of the inbox ring emptied by retention (adr/0009).",
-		}),
-		ringCovers: prometheus.NewGauge(prometheus.GaugeOpts{
-			Namespace: ns, Name: "inbox_ring_covers_seconds",
-			Help: "The longest INBOX_TTL the inbox ring keeps exactly, as migrate made it (adr/0009); -1 until read.",
+			Help: "Inbox rows removed by retention.",
 		}),
 	}
-	m.ringWidth = prometheus.NewGauge(prometheus.GaugeOpts{
-		Namespace: ns, Name: "inbox_ring_slot_width_seconds",
-		Help: "The width of a slot of the inbox ring: retention keeps the oldest row under INBOX_TTL plus this; -1 until read.",
-	})
-	m.ringCovers.Set(-1)
-	m.ringWidth.Set(-1)
 	// Series an alert watches exist from the start, at zero.
 	for _, oc := range [][2]string{{"applied", ""}, {"duplicate", ""}, {"requeued", "unknown"},
 		{"dead_lettered", "poison"}, {"dead_lettered", "producer-conflict"}, {"dead_lettered", "invalid-transition"}, {"dead_lettered", "unauthorized"}} {
@@ -100,7 +83,7 @@ func NewMetrics(h *Health, cfg config.Config) *Metrics {
 		return 0
 	}
 	m.collectors = []prometheus.Collector{
-		m.events, m.latency, m.retries, m.conflicts, m.pruned, m.truncated, m.ringCovers, m.ringWidth, m.batches,
+		m.events, m.latency, m.retries, m.conflicts, m.pruned, m.batches,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		// Two settings, so that alert rules compare against the values
@@ -172,17 +155,8 @@ func (m *Metrics) Retried(consumer.Retry) { m.retries.Inc() }
 // Batch is the consumer's ObserveBatch hook.
 func (m *Metrics) Batch(n int) { m.batches.Observe(float64(n)) }
 
-// Pruned counts what retention removed: legacy inbox rows and ring slots.
-func (m *Metrics) Pruned(rows int64, slots int) {
-	m.pruned.Add(float64(rows))
-	m.truncated.Add(float64(slots))
-}
-
-// InboxRing records the inbox ring's size, as last read.
-func (m *Metrics) InboxRing(r db.Ring) {
-	m.ringCovers.Set(r.Covers().Seconds())
-	m.ringWidth.Set(r.Width.Seconds())
-}
+// Pruned counts inbox rows removed by retention.
+func (m *Metrics) Pruned(rows int64) { m.pruned.Add(float64(rows)) }
 
 // blockedSince reports, for every partition queue, since when it has been
 // blocked, read from the service's state at scrape time.

@@ -1,16 +1,14 @@
 -- apply_batch applies many events in one transaction (adr/0006) and
 -- returns one outcome per event, in order, as apply_event does. It claims
--- the batch's event ids as apply_event claims one (adr/0009): it takes
--- their advisory locks in the order of their keys, so that two batches
--- sharing ids never wait on each other in a cycle, then looks them all up
--- in one statement and inserts, in one statement, in delivery order, those
--- found nowhere (an id twice in the batch is claimed by its first
--- delivery); then it applies the effects in delivery order. A batch holds
--- many locks at once, so it takes the ones batches on other queues share,
--- the inbox keys, the transfers' advisory locks and the balance rows, in
--- one global order before any effect: by key, by key, by account. Two
--- batches then never wait on each other in a cycle, whatever accounts they
--- share (a single event follows the same order). A transition
+-- every event of the batch in one statement, in delivery order (an id
+-- twice in the batch is claimed by its first delivery), then applies the
+-- effects in delivery order. A batch holds many locks at once, so it takes
+-- the ones batches on other queues share, the transfers' advisory locks and
+-- the balance rows, in one global order before any effect: by key, by
+-- account. Two batches then never wait on each other in a cycle, whatever
+-- accounts they share (a single event follows the same order). Two queues'
+-- batches share an event id only when a producer published one event under
+-- two keys, and a deadlock there is retried like any other. A transition
 -- that contradicts its transfer (TC001) or values the database refuses
 -- abort the whole batch: the service then splits it to find the event.
 
@@ -21,32 +19,21 @@ CREATE OR REPLACE FUNCTION apply_batch(
 LANGUAGE plpgsql AS $$
 DECLARE
     claimed  UUID[];
-    taken    UUID[];
-    ikey     BIGINT;
     effected UUID[] := '{}';
     outcomes TEXT[] := '{}';
     k        INT;
     i        INT;
 BEGIN
     PERFORM pin_transaction();
-    -- The inbox keys' locks, in one order; then what the inbox holds.
-    FOR ikey IN SELECT DISTINCT inbox_key(e) FROM unnest(p_event_ids) e ORDER BY 1 LOOP
-        PERFORM pg_advisory_xact_lock(ikey);
-    END LOOP;
-    SELECT coalesce(array_agg(event_id), '{}') INTO taken FROM processed_event WHERE event_id = ANY (p_event_ids);
-    IF to_regclass('processed_event_legacy') IS NOT NULL THEN
-        SELECT taken || coalesce(array_agg(event_id), '{}') INTO taken
-        FROM processed_event_legacy WHERE event_id = ANY (p_event_ids);
-    END IF;
     -- Every claim in one statement, in delivery order; an id twice in the
     -- batch is claimed by its first delivery.
     WITH c AS (
-        INSERT INTO processed_event (event_id, event_type, fingerprint, slot)
-        SELECT e, t, f, inbox_slot(now()) FROM (
+        INSERT INTO processed_event (event_id, event_type, fingerprint)
+        SELECT e, t, f FROM (
             SELECT e, t, f, n, row_number() OVER (PARTITION BY e ORDER BY n) AS r
             FROM unnest(p_event_ids, p_event_types, p_fingerprints) WITH ORDINALITY AS u(e, t, f, n)) x
-        WHERE r = 1 AND NOT e = ANY (taken) ORDER BY n
-        ON CONFLICT (event_id, slot) DO NOTHING
+        WHERE r = 1 ORDER BY n
+        ON CONFLICT (event_id) DO NOTHING
         RETURNING event_id)
     SELECT coalesce(array_agg(event_id), '{}') INTO claimed FROM c;
     -- The transfers' advisory locks, then the balance rows (made first

@@ -1,16 +1,9 @@
 -- apply_event applies one event: the whole of db.Inbox.Apply's transaction
 -- body in one statement, so that an event costs one call between BEGIN and
 -- COMMIT. It pins the transaction's durability and isolation
--- (pin_transaction), then claims event_id in the inbox (adr/0001,
--- adr/0009): it takes the id's advisory lock, looks the id up in every
--- live slot of the ring (and the legacy table while it exists), and only
--- if it is nowhere inserts it into the slot of the transaction's time. The
--- lock makes the lookup and the insert one critical section: a second
--- claim of the id waits at the lock until the first commits or rolls back,
--- and its lookup, a new statement in READ COMMITTED, then sees that
--- commit. The insert still goes through the slot's primary key, so two
--- claims of one id in one slot meet there even without the lock. A claim
--- that finds the id taken is answered by claim_taken ('duplicate' or
+-- (pin_transaction), then claims event_id in the inbox insert-first:
+-- exactly one transaction can insert it, whatever the timing (adr/0001). A
+-- claim that finds the row taken is answered by claim_taken ('duplicate' or
 -- 'conflict:<stored fingerprint, hex>'); one that succeeds goes on to
 -- apply_effect ('applied', 'duplicate' or 'applied+outbox').
 
@@ -21,13 +14,10 @@ CREATE OR REPLACE FUNCTION apply_event(
 LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pin_transaction();
-    PERFORM pg_advisory_xact_lock(inbox_key(p_event_id));
-    IF inbox_fingerprint(p_event_id) IS NOT NULL THEN
-        RETURN claim_taken(p_event_id, p_fingerprint);
-    END IF;
-    INSERT INTO processed_event (event_id, event_type, fingerprint, slot)
-    VALUES (p_event_id, p_event_type, p_fingerprint, inbox_slot(now()))
-    ON CONFLICT (event_id, slot) DO NOTHING;
+    -- The insert-first claim: exactly one transaction can insert event_id.
+    INSERT INTO processed_event (event_id, event_type, fingerprint)
+    VALUES (p_event_id, p_event_type, p_fingerprint)
+    ON CONFLICT (event_id) DO NOTHING;
     IF NOT FOUND THEN
         RETURN claim_taken(p_event_id, p_fingerprint);
     END IF;

@@ -9,10 +9,10 @@ LANGUAGE plpgsql AS $$
 DECLARE
     stored BYTEA;
 BEGIN
-    -- Claimed, and committed (the claim waited for the owner at its
-    -- advisory lock), or by this very transaction, earlier in its batch.
-    stored := inbox_fingerprint(p_event_id);
-    IF stored IS NULL OR stored = p_fingerprint THEN
+    -- Claimed, and committed (ON CONFLICT waited for the owner), or by this
+    -- very transaction, earlier in its batch.
+    SELECT fingerprint INTO stored FROM processed_event WHERE event_id = p_event_id;
+    IF NOT FOUND OR stored = p_fingerprint THEN
         -- (Not found: retention removed the row in between; it existed,
         -- so the event was applied.)
         RETURN 'duplicate';
