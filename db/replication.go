@@ -20,11 +20,11 @@ type Replication struct {
 	Commit       string // synchronous_commit, the server's default (the service's transactions raise it to on, adr/0002)
 }
 
-// replicationQuery reads both settings in one round trip.
 // ReplicationEvery is how often the service reads again whether the
 // database has a synchronous standby, besides at each new connection.
 const ReplicationEvery = 10 * time.Second
 
+// replicationQuery reads both settings in one round trip.
 const replicationQuery = `SELECT current_setting('synchronous_standby_names'), current_setting('synchronous_commit')`
 
 // Synchronous reports whether a commit waits for a standby: only then does
