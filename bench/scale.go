@@ -32,6 +32,7 @@ type scaleResult struct {
 	Queues   int        `json:"queues"`
 	Accounts int        `json:"accounts"`
 	InboxTTL string     `json:"inbox_ttl"`
+	IDs      string     `json:"ids"` // random or time (-ids)
 	// Prefills, drains and prunes, in the order they ran.
 	Loads  []loadResult  `json:"loads"`
 	Drains []drainResult `json:"drains"`
@@ -93,9 +94,16 @@ func runScale(args []string) {
 	vary := fs.String("vary", "", "NAME=V1,V2,...: drain once with each value of one server setting a reload can change (wal_compression, checkpoint_timeout, max_wal_size), set by ALTER SYSTEM between drains over the same prefilled databases")
 	pgBin := fs.String("pg-bin", "/usr/lib/postgresql/15/bin", "the PostgreSQL binaries: initdb, postgres, pg_waldump")
 	dir := fs.String("dir", os.TempDir(), "where the server's temporary data directory goes (on the disk measured)")
+	ids := fs.String("ids", "random", "the event and transfer ids, prefilled and drained: random (UUID version 4) or time (time-ordered, version 7's layout)")
 	out := fs.String("out", "", "JSON results (default results/scale-ROWS.json)")
 	fs.Parse(args)
 
+	switch *ids {
+	case "random", "time":
+		timeOrderedIDs = *ids == "time"
+	default:
+		fail(fmt.Errorf("-ids: random or time, not %q", *ids))
+	}
 	rowsList, err := intList(*rowsFlag)
 	if err != nil {
 		fail(fmt.Errorf("-rows: %w", err))
@@ -120,7 +128,7 @@ func runScale(args []string) {
 	load, _ := os.ReadFile("/proc/loadavg")
 	res := scaleResult{Started: time.Now().UTC().Format(time.RFC3339), Command: "go run . scale " + strings.Join(args, " "),
 		Load: strings.TrimSpace(string(load)), Settings: s, Events: *events, Queues: *queues,
-		Accounts: accountsFor(), InboxTTL: ttl.String()}
+		Accounts: accountsFor(), InboxTTL: ttl.String(), IDs: *ids}
 
 	p, err := startPG(*pgBin, *dir, s)
 	if err != nil {

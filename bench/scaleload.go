@@ -39,13 +39,15 @@ type savedIndex struct {
 	table, name string
 	constraint  string // a primary key's or unique constraint's definition, else ""
 	def         string // CREATE INDEX ..., when not a constraint's
-	random      bool   // its first key is not a timestamp: keys arrive anywhere in it
+	random      bool   // its first key is not a timestamp (nor a time-ordered id): keys arrive anywhere in it
 }
 
 // prefill loads rows inbox rows and transfers transfers into a database the
 // service has migrated, as if the service had applied them over time: the
 // indexes are dropped first and built after the load, then VACUUM ANALYZE
-// and CHECKPOINT. Inbox rows have random v4 event ids and a processed_at
+// and CHECKPOINT. Inbox rows have random v4 event ids (time-ordered ones,
+// from processed_at, with timeOrderedIDs; the transfers' ids likewise from
+// created_at) and a processed_at
 // spread evenly, in insertion order, over a span ending now, of which the
 // oldest fraction expired lies beyond ttl; half are TransferCreated, 45%
 // TransferCompleted, 5% TransferFailed.
@@ -97,11 +99,11 @@ func prefill(db *sql.DB, rows, transfers, accounts int, ttl time.Duration, expir
 			hi := min(lo+chunk, rows) - 1
 			if _, err := conn.ExecContext(bg, `
 				INSERT INTO processed_event (event_id, event_type, processed_at, fingerprint)
-				SELECT gen_random_uuid(),
+				SELECT `+uuidAt("at")+`,
 				       CASE WHEN i % 2 = 0 THEN 'TransferCreated' WHEN i % 20 = 19 THEN 'TransferFailed' ELSE 'TransferCompleted' END,
-				       now() - make_interval(secs => $3) + make_interval(secs => $3 * i / $4::float8),
-				       sha256(int8send(i))
-				FROM generate_series($1::bigint, $2::bigint) i`, lo, hi, span, rows); err != nil {
+				       at, sha256(int8send(i))
+				FROM (SELECT i, now() - make_interval(secs => $3) + make_interval(secs => $3 * i / $4::float8) AS at
+				      FROM generate_series($1::bigint, $2::bigint) i) s`, lo, hi, span, rows); err != nil {
 				return err
 			}
 		}
@@ -116,12 +118,12 @@ func prefill(db *sql.DB, rows, transfers, accounts int, ttl time.Duration, expir
 			if _, err := conn.ExecContext(bg, `
 				INSERT INTO transfer (transfer_id, from_account, to_account, amount_minor, currency, state,
 				                      created_event_id, created_at, updated_at)
-				SELECT gen_random_uuid(),
+				SELECT `+uuidAt("at")+`,
 				       'acc_' || lpad((i % $3)::text, 5, '0'),
 				       'acc_' || lpad(((i % $3 + 1 + floor(random() * ($3 - 1))::bigint) % $3)::text, 5, '0'),
 				       1 + floor(random() * 100000)::bigint, 'EUR',
 				       CASE WHEN i % 20 < 2 THEN 'created' WHEN i % 20 = 19 THEN 'failed' ELSE 'completed' END,
-				       gen_random_uuid(), at,
+				       `+uuidAt("at")+`, at,
 				       at + CASE WHEN i % 20 < 2 THEN interval '0' ELSE interval '2 seconds' END
 				FROM (SELECT i, now() - make_interval(secs => $4) + make_interval(secs => $4 * i / $5::float8) AS at
 				      FROM generate_series($1::bigint, $2::bigint) i) s`, lo, hi, accounts, year, transfers); err != nil {
@@ -199,6 +201,17 @@ func prefill(db *sql.DB, rows, transfers, accounts int, ttl time.Duration, expir
 	return res, nil
 }
 
+// uuidAt is the SQL for a new id made at the time the expression at
+// names: random (version 4), or, with timeOrderedIDs, that time's Unix
+// milliseconds in the first 48 bits and version 7's layout.
+func uuidAt(at string) string {
+	if !timeOrderedIDs {
+		return "gen_random_uuid()"
+	}
+	return "(lpad(to_hex((extract(epoch FROM " + at + ") * 1000)::bigint), 12, '0') || '7' || " +
+		"substr(replace(gen_random_uuid()::text, '-', ''), 14))::uuid"
+}
+
 // saveIndexes reads the definitions of the indexes of tables.
 func saveIndexes(db *sql.DB, tables ...string) ([]savedIndex, error) {
 	var out []savedIndex
@@ -206,12 +219,13 @@ func saveIndexes(db *sql.DB, tables ...string) ([]savedIndex, error) {
 		rs, err := db.Query(`
 			SELECT c.relname, coalesce(pg_get_constraintdef(con.oid), ''), pg_get_indexdef(i.indexrelid),
 			       coalesce(format_type(a.atttypid, a.atttypmod) NOT LIKE 'timestamp%', true)
+			           AND NOT ($2 AND a.atttypid = 'uuid'::regtype)
 			FROM pg_index i
 			JOIN pg_class c ON c.oid = i.indexrelid
 			LEFT JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]
 			LEFT JOIN pg_constraint con ON con.conindid = i.indexrelid AND con.conrelid = i.indrelid AND con.contype IN ('p', 'u')
 			WHERE i.indrelid = $1::regclass
-			ORDER BY i.indisprimary DESC, c.relname`, t)
+			ORDER BY i.indisprimary DESC, c.relname`, t, timeOrderedIDs)
 		if err != nil {
 			return nil, err
 		}

@@ -13,8 +13,12 @@ func printScale(w io.Writer, r scaleResult) {
 	s := r.Settings
 	fmt.Fprintf(w, "PostgreSQL %s: checkpoint_timeout=%s max_wal_size=%s wal_compression=%s shared_buffers=%s autovacuum=%s\n",
 		r.Server, s.CheckpointTimeout, s.MaxWALSize, s.WALCompression, s.SharedBuffers, s.Autovacuum)
-	fmt.Fprintf(w, "%d events per drain over %d queues and %d accounts; INBOX_TTL %s; load at start %s\n\n",
-		r.Events, r.Queues, r.Accounts, r.InboxTTL, r.Load)
+	ids := r.IDs
+	if ids == "" {
+		ids = "random" // results from before -ids
+	}
+	fmt.Fprintf(w, "%d events per drain over %d queues and %d accounts; %s ids; INBOX_TTL %s; load at start %s\n\n",
+		r.Events, r.Queues, r.Accounts, ids, r.InboxTTL, r.Load)
 
 	if len(r.Loads) > 0 {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)

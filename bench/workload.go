@@ -24,25 +24,42 @@ type event struct {
 	} `json:"data"`
 }
 
+// timeOrderedIDs makes the event and transfer ids of backlogs (and of the
+// scale benchmark's prefill) time-ordered, laid out as UUID version 7 (RFC
+// 9562): 48 bits of Unix milliseconds first, then random bits. Producers
+// choose their ids; this measures what that choice does to the indexes
+// keyed by them (BENCHMARKS.md, "The inbox at scale").
+var timeOrderedIDs bool
+
 // backlog returns n TransferCreated events over accounts accounts, the same
-// for every subject of a run (a fixed seed).
+// for every subject of a run (a fixed seed). Their ids are random (version
+// 4), or time-ordered from now on, a millisecond apart, with
+// timeOrderedIDs.
 func backlog(n, accounts int, seed uint64) []event {
 	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	uuid := func() string {
+	start := time.Now().UnixMilli()
+	uuid := func(nth int) string {
 		b := make([]byte, 16)
 		for i := range b {
 			b[i] = byte(r.Uint32())
 		}
 		b[6] = b[6]&0x0f | 0x40
+		if timeOrderedIDs {
+			ms := uint64(start + int64(nth))
+			for k := range 6 {
+				b[k] = byte(ms >> (40 - 8*k))
+			}
+			b[6] = b[6]&0x0f | 0x70
+		}
 		b[8] = b[8]&0x3f | 0x80
 		return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 	}
 	out := make([]event, n)
 	for i := range out {
 		e := &out[i]
-		e.EventID, e.EventType = uuid(), "TransferCreated"
+		e.EventID, e.EventType = uuid(i), "TransferCreated"
 		e.OccurredAt = time.Date(2026, 7, 10, 12, 0, 0, 0, time.UTC).Add(time.Duration(i) * time.Millisecond).Format(time.RFC3339Nano)
-		e.Data.TransferID = uuid()
+		e.Data.TransferID = uuid(i)
 		from := r.IntN(accounts)
 		to := r.IntN(accounts - 1)
 		if to >= from {
