@@ -33,6 +33,9 @@ type scaleResult struct {
 	Accounts int        `json:"accounts"`
 	InboxTTL string     `json:"inbox_ttl"`
 	IDs      string     `json:"ids"` // random or time (-ids)
+	// -complete-after and -transfer-fillfactor, 0 when not given.
+	CompleteAfter      int `json:"complete_after,omitempty"`
+	TransferFillfactor int `json:"transfer_fillfactor,omitempty"`
 	// Prefills, drains and prunes, in the order they ran.
 	Loads  []loadResult  `json:"loads"`
 	Drains []drainResult `json:"drains"`
@@ -95,6 +98,8 @@ func runScale(args []string) {
 	pgBin := fs.String("pg-bin", "/usr/lib/postgresql/15/bin", "the PostgreSQL binaries: initdb, postgres, pg_waldump")
 	dir := fs.String("dir", os.TempDir(), "where the server's temporary data directory goes (on the disk measured)")
 	ids := fs.String("ids", "random", "the event and transfer ids, prefilled and drained: random (UUID version 4) or time (time-ordered, version 7's layout)")
+	fs.IntVar(&completeAfter, "complete-after", 0, "when not 0, half of each backlog completes the other half's transfers, each this many creations after its creation")
+	transferFill := fs.Int("transfer-fillfactor", 0, "when not 0, the transfer table's fillfactor, set after each migration (the prefill's rows and the drains' follow it)")
 	out := fs.String("out", "", "JSON results (default results/scale-ROWS.json)")
 	fs.Parse(args)
 
@@ -128,7 +133,8 @@ func runScale(args []string) {
 	load, _ := os.ReadFile("/proc/loadavg")
 	res := scaleResult{Started: time.Now().UTC().Format(time.RFC3339), Command: "go run . scale " + strings.Join(args, " "),
 		Load: strings.TrimSpace(string(load)), Settings: s, Events: *events, Queues: *queues,
-		Accounts: accountsFor(), InboxTTL: ttl.String(), IDs: *ids}
+		Accounts: accountsFor(), InboxTTL: ttl.String(), IDs: *ids,
+		CompleteAfter: completeAfter, TransferFillfactor: *transferFill}
 
 	p, err := startPG(*pgBin, *dir, s)
 	if err != nil {
@@ -160,7 +166,7 @@ func runScale(args []string) {
 	res.Server = p.version(admin)
 	fmt.Fprintf(os.Stderr, "scale: PostgreSQL %s on port %d in %s (load %s)\n", res.Server, p.port, p.dir, res.Load)
 
-	s2 := &scaleRun{h: h, p: p, admin: admin, ttl: *ttl, queues: *queues}
+	s2 := &scaleRun{h: h, p: p, admin: admin, ttl: *ttl, queues: *queues, transferFill: *transferFill}
 	dbs := map[int]string{}
 	for i, n := range rowsList {
 		if n == 0 {
@@ -249,6 +255,9 @@ type scaleRun struct {
 	admin  *sql.DB
 	ttl    time.Duration
 	queues int
+	// transferFill, when not 0, is set as the transfer table's fillfactor
+	// after each migration.
+	transferFill int
 }
 
 // set changes one server setting ("NAME=VALUE") with ALTER SYSTEM and a
@@ -306,7 +315,13 @@ func (s *scaleRun) createDB(name string) error {
 	if _, err := s.admin.Exec("CREATE DATABASE " + name); err != nil {
 		return err
 	}
-	return s.service(name, "", nil, "migrate")
+	if err := s.service(name, "", nil, "migrate"); err != nil || s.transferFill == 0 {
+		return err
+	}
+	db := s.open(name)
+	defer db.Close()
+	_, err := db.Exec(fmt.Sprintf("ALTER TABLE transfer SET (fillfactor = %d)", s.transferFill))
+	return err
 }
 
 // service runs one of the service's commands on database name (and vhost,

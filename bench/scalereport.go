@@ -19,6 +19,10 @@ func printScale(w io.Writer, r scaleResult) {
 	}
 	fmt.Fprintf(w, "%d events per drain over %d queues and %d accounts; %s ids; INBOX_TTL %s; load at start %s\n\n",
 		r.Events, r.Queues, r.Accounts, ids, r.InboxTTL, r.Load)
+	if r.CompleteAfter > 0 || r.TransferFillfactor > 0 {
+		fmt.Fprintf(w, "half the events complete a creation %d creations earlier (0: none); transfer fillfactor %d (0: default)\n\n",
+			r.CompleteAfter, r.TransferFillfactor)
+	}
 
 	if len(r.Loads) > 0 {
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)

@@ -31,6 +31,12 @@ type event struct {
 // keyed by them (BENCHMARKS.md, "The inbox at scale").
 var timeOrderedIDs bool
 
+// completeAfter, when not 0, makes half of a backlog's events the
+// completions of the other half's creations, each this many creations after
+// its own (the scale benchmark's -complete-after): what a transition costs
+// the transfer table and its indexes.
+var completeAfter int
+
 // backlog returns n TransferCreated events over accounts accounts, the same
 // for every subject of a run (a fixed seed). Their ids are random (version
 // 4), or time-ordered from now on, a millisecond apart, with
@@ -54,7 +60,11 @@ func backlog(n, accounts int, seed uint64) []event {
 		b[8] = b[8]&0x3f | 0x80
 		return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
 	}
-	out := make([]event, n)
+	creations := n
+	if completeAfter > 0 {
+		creations = (n + 1) / 2
+	}
+	out := make([]event, creations)
 	for i := range out {
 		e := &out[i]
 		e.EventID, e.EventType = uuid(i), "TransferCreated"
@@ -69,7 +79,27 @@ func backlog(n, accounts int, seed uint64) []event {
 		e.Data.AmountMinor = int64(1 + r.IntN(100_000))
 		e.Data.Currency = "EUR"
 	}
-	return out
+	if completeAfter == 0 {
+		return out
+	}
+	// Each creation's completion, completeAfter creations later (the same
+	// account: the same queue, after it), n events in all.
+	all := make([]event, 0, n)
+	complete := func(i int) {
+		c := out[i]
+		c.EventID, c.EventType = uuid(creations+i), "TransferCompleted"
+		all = append(all, c)
+	}
+	for i := range out {
+		all = append(all, out[i])
+		if j := i - completeAfter; j >= 0 && len(all) < n {
+			complete(j)
+		}
+	}
+	for j := max(len(out)-completeAfter, 0); len(all) < n; j++ {
+		complete(j)
+	}
+	return all
 }
 
 // txApplier runs the service's transaction for an event: BEGIN, the
