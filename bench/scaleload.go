@@ -53,8 +53,8 @@ type savedIndex struct {
 // TransferCompleted, 5% TransferFailed.
 // Transfers are spread over the last year over accounts accounts (named as
 // the backlog names them), each paying a random other account a random
-// amount as the backlog's do (so that a new transfer's transfer_intent
-// entry lands anywhere among them), 10% still created, 85% completed, 5% failed, with
+// amount as the backlog's do (so that transfer_intent holds what the
+// service would have written), 10% still created, 85% completed, 5% failed, with
 // the balances they make. buildFill, when not 0, is the fillfactor the
 // indexes whose keys arrive at random are built with (then reset to the
 // default for the inserts that follow): such an index grown by inserts has
