@@ -148,10 +148,11 @@ func functionDefs(t *testing.T, database *sqlx.DB) (map[string]string, map[strin
 
 // A database that the migrations as they were before the functions had
 // files of their own made (ten numbered migrations, the functions among
-// them) is upgraded by the function files alone: no numbered migration
-// runs again, the functions end as on a new database, and the service's
-// role, which may not migrate, is told the schema is behind until the
-// owner migrates, then applies events as before.
+// them) is upgraded by the numbered migrations written since and the
+// function files: none of its ten runs again, the functions end as on a
+// new database, and the service's role, which may not migrate, is told the
+// schema is behind until the owner migrates, then applies events as
+// before.
 func TestUpgradeFromMigrationsThatDefinedTheFunctions(t *testing.T) {
 	ctx := context.Background()
 	newSQL := os.DirFS("../sql")
@@ -177,21 +178,32 @@ func TestUpgradeFromMigrationsThatDefinedTheFunctions(t *testing.T) {
 	}
 
 	fns, _ := functions(newSQL)
-	var fnFiles []string
-	for _, f := range fns {
-		fnFiles = append(fnFiles, f.file)
+	// What the upgrade must run: the numbered migrations written since that
+	// release (those after its ten), then every function file.
+	numbered, err := list(newSQL)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if missing, err := Pending(ctx, svc, newSQL); err != nil || !slices.Equal(missing, fnFiles) {
-		t.Errorf("Pending as %s before the upgrade = %v, %v, want the function files %v", role, missing, err, fnFiles)
+	var upgrade []string
+	for _, m := range numbered {
+		if m.version > 10 {
+			upgrade = append(upgrade, m.name)
+		}
+	}
+	for _, f := range fns {
+		upgrade = append(upgrade, f.file)
+	}
+	if missing, err := Pending(ctx, svc, newSQL); err != nil || !slices.Equal(missing, upgrade) {
+		t.Errorf("Pending as %s before the upgrade = %v, %v, want the later migrations and the function files %v", role, missing, err, upgrade)
 	}
 	applied, err := Migrate(ctx, owner, newSQL)
-	if err != nil || !slices.Equal(applied, fnFiles) {
-		t.Fatalf("the upgrade applied %v, %v, want the function files alone %v", applied, err, fnFiles)
+	if err != nil || !slices.Equal(applied, upgrade) {
+		t.Fatalf("the upgrade applied %v, %v, want the later migrations and the function files %v", applied, err, upgrade)
 	}
 	var versions int
 	owner.Get(&versions, `SELECT count(*) FROM schema_migration`)
-	if versions != 10 {
-		t.Errorf("schema_migration has %d rows after the upgrade, want the 10 it had", versions)
+	if versions != len(numbered) {
+		t.Errorf("schema_migration has %d rows after the upgrade, want one per numbered migration (%d)", versions, len(numbered))
 	}
 	if applied, err := Migrate(ctx, owner, newSQL); err != nil || len(applied) != 0 {
 		t.Errorf("Migrate again = %v, %v, want nothing to do", applied, err)
