@@ -359,6 +359,30 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 	}
 }
 
+// waitProgress waits until count() reaches target, for as long as it keeps
+// rising: it fails only when count() has not risen for stall. A long run's
+// pace follows the machine's (a slow or loaded one applies fewer events a
+// second), so a whole-run deadline would measure the machine; a count that
+// stops rising is what a hang looks like whatever the machine.
+func waitProgress(t *testing.T, stall time.Duration, what string, target int, count func() int) {
+	t.Helper()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	best, since := -1, time.Now()
+	for {
+		n := count()
+		if n >= target {
+			return
+		}
+		if n > best {
+			best, since = n, time.Now()
+		} else if time.Since(since) > stall {
+			t.Fatalf("waiting for %s: stuck at %d of %d for %s", what, n, target, stall)
+		}
+		<-tick.C
+	}
+}
+
 // transfer is a TransferCreated event of the contract's shape.
 type transfer struct {
 	EventID    string `json:"eventId"`
