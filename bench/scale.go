@@ -135,6 +135,14 @@ func runScale(args []string) {
 		Load: strings.TrimSpace(string(load)), Settings: s, Events: *events, Queues: *queues,
 		Accounts: accountsFor(), InboxTTL: ttl.String(), IDs: *ids,
 		CompleteAfter: completeAfter, TransferFillfactor: *transferFill}
+	// The results so far, written after every prefill, drain and prune: a run of an
+	// hour or more keeps what it measured if a later step fails.
+	save := func() {
+		b, _ := json.MarshalIndent(res, "", "  ")
+		if err := os.WriteFile(*out, append(b, '\n'), 0o644); err != nil {
+			fmt.Fprintf(os.Stderr, "scale: %v\n", err)
+		}
+	}
 
 	p, err := startPG(*pgBin, *dir, s)
 	if err != nil {
@@ -189,6 +197,7 @@ func runScale(args []string) {
 		fmt.Fprintf(os.Stderr, "scale: prefilled %s in %.0f s: inbox %s, transfers %s, database %s\n", name, l.TotalSeconds,
 			mib(l.InboxBytes), mib(l.TransferBytes), mib(l.DatabaseBytes))
 		res.Loads = append(res.Loads, l)
+		save()
 		dbs[n] = name
 	}
 	settings := []string{""}
@@ -219,6 +228,7 @@ func runScale(args []string) {
 					fmt.Fprintf(os.Stderr, "scale: %d rows, BATCH_MAX=%d%s: %.0f events/s, %.0f B and %.2f FPI per event, %d checkpoint(s)\n",
 						n, b, strings.TrimRight(" "+setting, " "), d.EventsPerSec, d.WALPerEvent, d.FPIPerEvent, d.WAL.Checkpoints)
 					res.Drains = append(res.Drains, d)
+					save()
 				}
 			}
 		}
@@ -238,14 +248,12 @@ func runScale(args []string) {
 		fmt.Fprintf(os.Stderr, "scale: prune at %d rows: %d deleted, %.0f B per row; vacuum after: %.0f B per row\n",
 			n, pr.Deleted, pr.WALPerRow, pr.VacuumPerRow)
 		res.Prunes = append(res.Prunes, pr)
+		save()
 	}
 	admin.Close()
 	stopAll()
 	printScale(os.Stdout, res)
-	b, _ := json.MarshalIndent(res, "", "  ")
-	if err := os.WriteFile(*out, append(b, '\n'), 0o644); err != nil {
-		fail(err)
-	}
+	save()
 	fmt.Printf("\nwrote %s\n", *out)
 }
 

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"database/sql"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -36,10 +37,15 @@ type walRange struct {
 	FPI     int64 `json:"fpi"`
 	// Checkpoints that started within the range (pg_stat_bgwriter, timed
 	// and requested).
-	Checkpoints int64      `json:"checkpoints"`
-	Relations   []relWAL   `json:"relations"`
-	Seconds     float64    `json:"seconds"`
-	start       walCounter // not written: the counters at the start
+	Checkpoints int64    `json:"checkpoints"`
+	Relations   []relWAL `json:"relations"`
+	// Why Records, DumpLen, FPI and Relations are missing, when pg_waldump
+	// could not read the range: its first segment recycled, when the range
+	// outgrew max_wal_size and wal_keep_size. The LSN's advance and
+	// pg_stat_wal's counters still hold.
+	DumpError string     `json:"dump_error,omitempty"`
+	Seconds   float64    `json:"seconds"`
+	start     walCounter // not written: the counters at the start
 }
 
 // relWAL is one relation's share of a range: the records whose first block
@@ -155,7 +161,9 @@ func (w *walRange) dump(p *pgServer, names map[string]string) error {
 	// pg_waldump ends with an error when the range ends inside a record
 	// being written: what it read is still right.
 	if err := cmd.Wait(); err != nil && w.Records == 0 {
-		return fmt.Errorf("pg_waldump: %v\n%s", err, stderr.String())
+		w.DumpError = fmt.Sprintf("pg_waldump: %v: %s", err, strings.TrimSpace(stderr.String()))
+		fmt.Fprintf(os.Stderr, "scale: no split by relation for %s..%s (raise -wal-keep-size): %s\n", w.StartLSN, w.EndLSN, w.DumpError)
+		return nil
 	}
 	for _, r := range rels {
 		w.Relations = append(w.Relations, *r)
