@@ -38,12 +38,12 @@ LIMIT greatest($1::int, 1)`
 // person dismissed (reconcile_dismissed) is not reported again.
 //
 // First the intents that have two creations of any state within the
-// window, walking the transfer_intent index by paying account (an
-// index-only scan, no heap) and sorting each account's entries by intent
-// and time (an incremental sort, in memory); then, for those few, the
-// pairs among the transfers that did not fail. Every such pair is found: between two
-// creations at most the window apart, each creation of the same intent
-// follows the one before it by less.
+// window, ordered by intent and time: transfer_intent is ordered by paying
+// account, so the planner can walk it (an index-only scan, no heap) and
+// sort each account's entries alone (an incremental sort); then, for those
+// few, the pairs among the transfers that did not fail. Every such pair is
+// found: between two creations at most the window apart, each creation of
+// the same intent follows the one before it by less.
 const duplicateQuery = `
 WITH candidate AS (
     SELECT DISTINCT from_account, to_account, amount_minor, currency
