@@ -17,7 +17,9 @@ import (
 const migrateUsage = `Usage: transferconsumer migrate [--grant-to ROLE]
 
 Applies the migrations the schema lacks, and the function files (sql/functions)
-whose text changed, in one transaction, then exits.
+whose text changed, in one transaction; then maintains the inbox's partitions
+(adr/0011): makes the next 31 days' partitions and drops those past INBOX_TTL.
+Run it daily (a CronJob), then it exits.
 Run it as the role that owns the schema: the service itself then needs no
 privilege beyond data, and checks at start that the schema is current.
 
@@ -69,6 +71,13 @@ func migrateCommand(ctx context.Context, cfg config.Config, migrations fs.FS, gr
 		return err
 	}
 	fmt.Fprintf(stdout, "applied %d migration(s) %v\n", len(applied), applied)
+	done, err := db.Maintain(ctx, database, cfg.InboxTTL)
+	if err != nil {
+		return err
+	}
+	for _, d := range done {
+		fmt.Fprintf(stdout, "inbox: %s\n", d)
+	}
 	if grantTo == "" {
 		return nil
 	}

@@ -42,6 +42,25 @@ func list(migrations fs.FS) ([]migration, error) {
 	return all, nil
 }
 
+// newer reports whether done records a migration numbered above every one
+// in all: the schema was migrated by a later release. Its functions are
+// then that release's, made for its tables, and a binary of this release
+// (one still running, or restarted, during a rolling deploy) must not put
+// its own back: it leaves them as they are, and runs on them, since a
+// release keeps its functions' signatures or migrates the old ones away.
+func newer(all []migration, done []int) bool {
+	top := 0
+	for _, m := range all {
+		top = max(top, m.version)
+	}
+	for _, v := range done {
+		if v > top {
+			return true
+		}
+	}
+	return false
+}
+
 // missing returns the names of the migrations of all whose versions are not
 // in done.
 func missing(all []migration, done []int) []string {
@@ -72,7 +91,8 @@ func Pending(ctx context.Context, db *sqlx.DB, migrations fs.FS) ([]string, erro
 }
 
 // Migrate applies, in order, every NNNN_name.sql file in migrations that the
-// database has not recorded yet, then every function file
+// database has not recorded yet, then (unless a later release migrated the
+// schema, see newer) every function file
 // (functions/NAME.sql, see functions) whose function is not as the file
 // makes it, all in one transaction under an advisory lock: a replica that
 // starts at the same moment waits, then finds nothing left to do. It
@@ -127,6 +147,9 @@ func Migrate(ctx context.Context, db *sqlx.DB, migrations fs.FS) ([]string, erro
 				return fmt.Errorf("record migration %s: %w", m.name, err)
 			}
 			applied = append(applied, m.name)
+		}
+		if newer(all, done) {
+			return nil
 		}
 		stale, err := staleFunctions(ctx, tx, fns)
 		if err != nil {

@@ -42,11 +42,18 @@ func Prune(ctx context.Context, db *sqlx.DB, ttl time.Duration, batch int) (Prun
 				return err
 			}
 			// The subquery walks the processed_at index oldest first; SKIP
-			// LOCKED steps over any row a concurrent transaction holds.
+			// LOCKED steps over any row a concurrent transaction holds. It
+			// leaves the rows of the day partitions that inbox_maintain
+			// drops whole (adr/0011): ids minted from two days before the
+			// TTL's edge to the last day made. A day the owner's
+			// maintenance has not dropped two days after its time is
+			// emptied row by row, as the other partitions are.
 			r, err := tx.ExecContext(ctx, `
 				DELETE FROM processed_event WHERE event_id IN (
 					SELECT event_id FROM processed_event
 					WHERE processed_at < now() - $1::interval
+					  AND (event_id < (SELECT inbox_bound(now() - $1::interval - interval '2 days'))
+					       OR event_id >= (SELECT inbox_day_bound((now() AT TIME ZONE 'UTC')::date + 1 + coalesce(inbox_days_ahead(), 0))))
 					ORDER BY processed_at
 					LIMIT $2
 					FOR UPDATE SKIP LOCKED)`, cutoff, batch)

@@ -141,5 +141,8 @@ func pending(ctx context.Context, db *sqlx.DB, migrations fs.FS) ([]string, stri
 			return nil, found.Role, fmt.Errorf("read schema_migration: %w", err)
 		}
 	}
+	if newer(all, done) {
+		return missing(all, done), found.Role, nil
+	}
 	return append(missing(all, done), found.Stale...), found.Role, nil
 }

@@ -11,6 +11,8 @@
 -- two keys, and a deadlock there is retried like any other. A transition
 -- that contradicts its transfer (TC001) or values the database refuses
 -- abort the whole batch: the service then splits it to find the event.
+-- While processed_event_legacy is kept (sql/0012), the ids found there are
+-- not claimed, and are answered by claim_taken.
 
 CREATE OR REPLACE FUNCTION apply_batch(
     p_event_ids UUID[], p_event_types TEXT[], p_fingerprints BYTEA[], p_transfer_ids UUID[],
@@ -19,12 +21,17 @@ CREATE OR REPLACE FUNCTION apply_batch(
 LANGUAGE plpgsql AS $$
 DECLARE
     claimed  UUID[];
+    old      UUID[] := '{}';
     effected UUID[] := '{}';
     outcomes TEXT[] := '{}';
     k        INT;
     i        INT;
 BEGIN
     PERFORM pin_transaction();
+    IF to_regclass('processed_event_legacy') IS NOT NULL THEN
+        SELECT coalesce(array_agg(event_id), '{}') INTO old
+        FROM processed_event_legacy WHERE event_id = ANY (p_event_ids);
+    END IF;
     -- Every claim in one statement, in delivery order; an id twice in the
     -- batch is claimed by its first delivery.
     WITH c AS (
@@ -32,7 +39,7 @@ BEGIN
         SELECT e, t, f FROM (
             SELECT e, t, f, n, row_number() OVER (PARTITION BY e ORDER BY n) AS r
             FROM unnest(p_event_ids, p_event_types, p_fingerprints) WITH ORDINALITY AS u(e, t, f, n)) x
-        WHERE r = 1 ORDER BY n
+        WHERE r = 1 AND NOT e = ANY (old) ORDER BY n
         ON CONFLICT (event_id) DO NOTHING
         RETURNING event_id)
     SELECT coalesce(array_agg(event_id), '{}') INTO claimed FROM c;

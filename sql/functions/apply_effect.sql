@@ -63,6 +63,9 @@ BEGIN
         -- The waiting transition contradicts the transfer: it is not
         -- applied and leaves the inbox, as if it had come after.
         DELETE FROM processed_event WHERE event_id = pend.event_id;
+        IF to_regclass('processed_event_legacy') IS NOT NULL THEN
+            DELETE FROM processed_event_legacy WHERE event_id = pend.event_id;
+        END IF;
         INSERT INTO dead_letter_outbox (event_id, event_type, class, reason, routing_key, body, headers, message_id, content_type)
         VALUES (pend.event_id, pend.event_type, 'invalid-transition',
             format('%s for transfer %s carries %s→%s %s %s, the transfer is %s→%s %s %s', pend.event_type, p_transfer_id,

@@ -1,0 +1,90 @@
+-- The inbox, partitioned by the event id's range (adr/0011). A version-7
+-- id begins with its creation time in milliseconds, so one UTC day's ids
+-- are one range of keys: each day of the window has its own partition,
+-- which retention drops whole once the day is older than INBOX_TTL
+-- (inbox_maintain) instead of deleting its rows one by one. The primary
+-- key is still event_id alone (the partition key is event_id itself), so
+-- the claim stays the insert-first claim of adr/0001: one probe, decided
+-- by the key, whatever the ids look like. Ids of any other version fall
+-- wherever their first 48 bits put them, almost all in the year
+-- partitions or processed_event_after, and retention deletes them by age
+-- as before.
+--
+-- Partitions, lowest keys first, together covering every key:
+--   processed_event_before    MINVALUE .. 30 days before this migration
+--   processed_event_dYYYYMMDD one per UTC day, 30 days back, 31 ahead
+--   processed_event_yYYYY     the rest of this year, then each year to 2099
+--   processed_event_after     2100-01-01 .. MAXVALUE
+--   processed_event_default   the ranges of the days retention dropped
+-- inbox_maintain carves the next days out of the year partitions ahead of
+-- time, and drops the days past the TTL.
+--
+-- An inbox that already holds claims keeps them: the table is renamed
+-- processed_event_legacy and stays where it is, read only, and every claim
+-- looks it up too (claim_taken, apply_event, apply_batch) until
+-- inbox_maintain drops it, once its newest row is older than the TTL.
+DO $$
+DECLARE
+    today DATE := (now() AT TIME ZONE 'UTC')::date;
+    first DATE := today - 30;
+    last  DATE := today + 31;
+    d     DATE;
+    y     INT;
+    lo    DATE;
+    grantee RECORD;
+BEGIN
+    IF (SELECT relkind FROM pg_class WHERE oid = to_regclass('processed_event')) = 'p' THEN
+        RETURN;
+    END IF;
+    LOCK TABLE processed_event IN ACCESS EXCLUSIVE MODE;
+    IF EXISTS (SELECT 1 FROM processed_event) THEN
+        ALTER TABLE processed_event RENAME TO processed_event_legacy;
+        ALTER INDEX processed_event_pkey RENAME TO processed_event_legacy_pkey;
+        ALTER INDEX processed_event_processed_at RENAME TO processed_event_legacy_processed_at;
+    ELSE
+        DROP TABLE processed_event;
+    END IF;
+
+    CREATE TABLE processed_event (
+        event_id     UUID        NOT NULL,
+        event_type   TEXT        NOT NULL,
+        processed_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+        fingerprint  BYTEA       NOT NULL,
+        PRIMARY KEY (event_id)
+    ) PARTITION BY RANGE (event_id);
+    CREATE INDEX processed_event_processed_at ON processed_event (processed_at);
+
+    -- The roles granted the old table are granted the new one.
+    IF to_regclass('processed_event_legacy') IS NOT NULL THEN
+        FOR grantee IN
+            SELECT g.grantee, g.privilege_type FROM information_schema.role_table_grants g
+            WHERE g.table_schema = current_schema() AND g.table_name = 'processed_event_legacy'
+              AND g.grantee <> current_user
+        LOOP
+            EXECUTE format('GRANT %s ON processed_event TO %I', grantee.privilege_type, grantee.grantee);
+        END LOOP;
+    END IF;
+
+    -- The bound of day d: the smallest version-7 id of its first millisecond.
+    EXECUTE format('CREATE TABLE processed_event_before PARTITION OF processed_event FOR VALUES FROM (MINVALUE) TO (%L)',
+        (lpad(to_hex((extract(epoch FROM first::timestamp AT TIME ZONE 'UTC') * 1000)::bigint), 12, '0') || repeat('0', 20))::uuid);
+    d := first;
+    WHILE d <= last LOOP
+        EXECUTE format('CREATE TABLE %I PARTITION OF processed_event FOR VALUES FROM (%L) TO (%L)',
+            'processed_event_d' || to_char(d, 'YYYYMMDD'),
+            (lpad(to_hex((extract(epoch FROM d::timestamp AT TIME ZONE 'UTC') * 1000)::bigint), 12, '0') || repeat('0', 20))::uuid,
+            (lpad(to_hex((extract(epoch FROM (d + 1)::timestamp AT TIME ZONE 'UTC') * 1000)::bigint), 12, '0') || repeat('0', 20))::uuid);
+        d := d + 1;
+    END LOOP;
+    lo := last + 1;
+    FOR y IN extract(year FROM lo)::int .. 2099 LOOP
+        EXECUTE format('CREATE TABLE %I PARTITION OF processed_event FOR VALUES FROM (%L) TO (%L)',
+            'processed_event_y' || y,
+            (lpad(to_hex((extract(epoch FROM lo::timestamp AT TIME ZONE 'UTC') * 1000)::bigint), 12, '0') || repeat('0', 20))::uuid,
+            (lpad(to_hex((extract(epoch FROM make_date(y + 1, 1, 1)::timestamp AT TIME ZONE 'UTC') * 1000)::bigint), 12, '0') || repeat('0', 20))::uuid);
+        lo := make_date(y + 1, 1, 1);
+    END LOOP;
+    EXECUTE format('CREATE TABLE processed_event_after PARTITION OF processed_event FOR VALUES FROM (%L) TO (MAXVALUE)',
+        (lpad(to_hex((extract(epoch FROM lo::timestamp AT TIME ZONE 'UTC') * 1000)::bigint), 12, '0') || repeat('0', 20))::uuid);
+    CREATE TABLE processed_event_default PARTITION OF processed_event DEFAULT;
+END $$;
