@@ -17,6 +17,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -68,6 +69,7 @@ type kustomization struct {
 
 var manifestKinds = map[string]func() any{
 	"apps/v1 StatefulSet":                           func() any { return new(appsv1.StatefulSet) },
+	"batch/v1 CronJob":                              func() any { return new(batchv1.CronJob) },
 	"v1 Service":                                    func() any { return new(corev1.Service) },
 	"policy/v1 PodDisruptionBudget":                 func() any { return new(policyv1.PodDisruptionBudget) },
 	"kustomize.config.k8s.io/v1beta1 Kustomization": func() any { return new(kustomization) },
@@ -109,6 +111,12 @@ func TestKubernetesChecksCatchMistakes(t *testing.T) {
 		{"memory limit too low", sts, "memory: 256Mi", "memory: 128Mi", "memory"},
 		{"GOMEMLIMIT above the limit", sts, "value: 200MiB", "value: 300MiB", "GOMEMLIMIT"},
 		{"file left out", "kustomization.yaml", "  - poddisruptionbudget.yaml\n", "", "kustomization"},
+		{"migrate job gone", "kustomization.yaml", "  - cronjob.yaml\n", "", "kustomization"},
+		{"migrate job weekly", "cronjob.yaml", `schedule: "17 3 * * *"`, `schedule: "17 3 * * 0"`, "daily"},
+		{"migrate job counted", "cronjob.yaml", "labels:\n            app.kubernetes.io/name: transferconsumer-migrate", "labels:\n            app.kubernetes.io/name: transferconsumer", "PodDisruptionBudget"},
+		{"migrate job's TTL", "cronjob.yaml", "              env:\n", "              env:\n                - name: INBOX_TTL\n                  value: 24h\n", "INBOX_TTL"},
+		{"migrate job as root", "cronjob.yaml", "runAsUser: 65532", "runAsUser: 0", "Dockerfile"},
+		{"migrate job serves", "cronjob.yaml", `args: ["migrate"]`, `args: ["serve"]`, "migrate"},
 	}
 	files := readManifests(t)
 	for _, tt := range tests {
@@ -184,6 +192,7 @@ func decodeStrict(doc []byte, into any) error {
 // manifests is what kubernetes/ holds, decoded.
 type manifests struct {
 	sts       []*appsv1.StatefulSet
+	cronJobs  []*batchv1.CronJob
 	services  []*corev1.Service
 	pdbs      []*policyv1.PodDisruptionBudget
 	kustomize []*kustomization
@@ -218,6 +227,8 @@ func decodeManifests(files map[string][]byte) (manifests, []error) {
 			switch o := obj.(type) {
 			case *appsv1.StatefulSet:
 				m.sts = append(m.sts, o)
+			case *batchv1.CronJob:
+				m.cronJobs = append(m.cronJobs, o)
 			case *corev1.Service:
 				m.services = append(m.services, o)
 			case *policyv1.PodDisruptionBudget:
@@ -288,6 +299,56 @@ func checkManifests(files map[string][]byte) []error {
 	}
 	if governing == nil || governing.Spec.ClusterIP != corev1.ClusterIPNone {
 		fail("StatefulSet: serviceName %q names no headless Service here", sts.Spec.ServiceName)
+	}
+	errs = append(errs, checkMigrateJob(m.cronJobs, sts, env)...)
+	return errs
+}
+
+// checkMigrateJob checks the owner's daily migrate (adr/0011): one CronJob
+// that runs `migrate` as its own pods (no selector here picks them up),
+// once a day, with the service's INBOX_TTL, a database URL from a
+// secret of its own, and the service's restrictions.
+func checkMigrateJob(jobs []*batchv1.CronJob, sts *appsv1.StatefulSet, svcEnv map[string]corev1.EnvVar) []error {
+	var errs []error
+	fail := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	if len(jobs) != 1 {
+		fail("want one CronJob running migrate, got %d", len(jobs))
+		return errs
+	}
+	job := jobs[0]
+	pod := job.Spec.JobTemplate.Spec.Template
+	if len(pod.Spec.Containers) != 1 {
+		fail("CronJob %s: want one container", job.Name)
+		return errs
+	}
+	c := pod.Spec.Containers[0]
+	if !slices.Equal(c.Args, []string{"migrate"}) || len(c.Command) > 0 {
+		fail("CronJob %s: runs %v %v, want the image's entrypoint with args [migrate]", job.Name, c.Command, c.Args)
+	}
+	// Daily at least: minute and hour as they like, every day of every month.
+	if f := strings.Fields(job.Spec.Schedule); len(f) != 5 || f[2] != "*" || f[3] != "*" || f[4] != "*" {
+		fail("CronJob %s: schedule %q, runs less than daily: want * in its last three fields", job.Name, job.Spec.Schedule)
+	}
+	if job.Spec.ConcurrencyPolicy != batchv1.ForbidConcurrent {
+		fail("CronJob %s: concurrencyPolicy %q, want Forbid", job.Name, job.Spec.ConcurrencyPolicy)
+	}
+	sel, _ := metav1.LabelSelectorAsSelector(sts.Spec.Selector)
+	if sel != nil && sel.Matches(labels.Set(pod.Labels)) {
+		fail("CronJob %s: its pods carry the service's labels %v: the PodDisruptionBudget and the Service would count them", job.Name, pod.Labels)
+	}
+	env, envErrs := checkEnv(c)
+	errs = append(errs, envErrs...)
+	if env["INBOX_TTL"].Value != svcEnv["INBOX_TTL"].Value {
+		fail("CronJob %s: INBOX_TTL %q, the service's is %q: a shorter one drops claims the service still counts on", job.Name, env["INBOX_TTL"].Value, svcEnv["INBOX_TTL"].Value)
+	}
+	if _, ok := env["DATABASE_URL_FILE"]; !ok {
+		fail("CronJob %s: no DATABASE_URL_FILE: the owner's URL comes from a secret", job.Name)
+	}
+	// The service's restrictions, checked by the same code.
+	as := sts.DeepCopy()
+	as.Spec.Template = pod
+	for _, err := range checkSecurity(as, env) {
+		fail("CronJob %s: %v", job.Name, err)
 	}
 	return errs
 }

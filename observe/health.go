@@ -156,6 +156,9 @@ func (h *Health) readiness() (int, map[string]any) {
 	if !topologyReadiness(st.Topology, body) {
 		ready = false
 	}
+	if n, ok := h.inboxDaysAhead(); ok && n < InboxDaysWarning {
+		body["inbox"] = fmt.Sprintf("%d day(s) of inbox partitions made ahead: the schema's owner must run `transferconsumer migrate` (daily), or claims of later days go where retention deletes them row by row (adr/0011)", n)
+	}
 	if w := h.replication.Load(); w != nil {
 		detail, ok := w.Status()
 		body["replication"] = detail
@@ -166,6 +169,26 @@ func (h *Health) readiness() (int, map[string]any) {
 		return http.StatusServiceUnavailable, body
 	}
 	return http.StatusOK, body
+}
+
+// InboxDaysWarning is the number of inbox partitions made ahead below
+// which /readyz warns (without turning unready) and the
+// TransferConsumerInboxDaysRunningOut alert fires: a week to run the
+// owner's `migrate`, out of the 31 days it makes.
+const InboxDaysWarning = 7
+
+// inboxDaysAhead asks the database how many days ahead have their inbox
+// partition (db.DaysAhead), within a second; false when it cannot tell or
+// the inbox is not partitioned.
+func (h *Health) inboxDaysAhead() (int, bool) {
+	database := h.database.Load()
+	if database == nil {
+		return 0, false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	n, ok, err := db.DaysAhead(ctx, database)
+	return n, ok && err == nil
 }
 
 // topologyReadiness says in body what the check of a topology made by

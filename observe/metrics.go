@@ -121,6 +121,14 @@ func NewMetrics(h *Health, cfg config.Config) *Metrics {
 				}
 				return age.Seconds()
 			}),
+		gauge("inbox_days_ahead", "Days from tomorrow on with their own inbox partition (adr/0011): claims of later days go to a partition retention drops only a year on; -1 when not known.",
+			func() float64 {
+				n, ok := h.inboxDaysAhead()
+				if !ok {
+					return -1
+				}
+				return float64(n)
+			}),
 	}
 	var reconciled []prometheus.Collector
 	m.reconcile, reconciled = newReconcileGauges(ns)
