@@ -59,12 +59,15 @@ type drainResult struct {
 	WAL          walRange `json:"wal"`
 }
 
-// pruneResult is retention run by the service's prune command over the rows
-// older than INBOX_TTL, then the VACUUM of the inbox that follows it.
+// pruneResult is retention over the rows older than INBOX_TTL: the owner's
+// maintenance (migrate), which drops the day partitions past it, and the
+// service's prune command, which deletes the other rows; then the VACUUM
+// of the inbox that follows it.
 type pruneResult struct {
 	Rows          int      `json:"inbox_rows"`
 	Deleted       int64    `json:"deleted"`
 	PruneSeconds  float64  `json:"prune_seconds"`
+	Maintenance   string   `json:"maintenance"` // what migrate's inbox maintenance said
 	WALPerRow     float64  `json:"prune_wal_bytes_per_row"`
 	VacuumPerRow  float64  `json:"vacuum_wal_bytes_per_row"`
 	VacuumSeconds float64  `json:"vacuum_seconds"`
@@ -495,8 +498,10 @@ func (s *scaleRun) quiet(db *sql.DB) error {
 
 var deletedLine = regexp.MustCompile(`deleted (\d+) inbox rows`)
 
-// prune checkpoints, runs the service's prune command over database name,
-// then VACUUM of the inbox (what autovacuum would do after it), measuring
+// prune checkpoints, runs the owner's migrate (the inbox's maintenance,
+// which drops the partitions past the TTL) and the service's prune command
+// over database name, counting the rows they removed, then VACUUM of the
+// inbox (what autovacuum would do after it), measuring
 // the WAL of each.
 func (s *scaleRun) prune(name string) (pruneResult, error) {
 	var pr pruneResult
@@ -513,17 +518,29 @@ func (s *scaleRun) prune(name string) (pruneResult, error) {
 	if err != nil {
 		return pr, err
 	}
+	var rowsBefore, rowsAfter int64
+	if err := db.QueryRow(`SELECT count(*) FROM processed_event`).Scan(&rowsBefore); err != nil {
+		return pr, err
+	}
+	// Retention is the owner's maintenance, which drops the day partitions
+	// past the TTL (adr/0011), then the service's prune of the other rows.
 	t0 := time.Now()
 	var out string
+	if err := s.service(name, "", &out, "migrate"); err != nil {
+		return pr, err
+	}
+	pr.Maintenance = out
 	if err := s.service(name, "", &out, "prune"); err != nil {
 		return pr, err
 	}
 	pr.PruneSeconds = time.Since(t0).Seconds()
-	m := deletedLine.FindStringSubmatch(out)
-	if m == nil {
+	if m := deletedLine.FindStringSubmatch(out); m == nil {
 		return pr, fmt.Errorf("prune said %q", out)
 	}
-	pr.Deleted, _ = strconv.ParseInt(m[1], 10, 64)
+	if err := db.QueryRow(`SELECT count(*) FROM processed_event`).Scan(&rowsAfter); err != nil {
+		return pr, err
+	}
+	pr.Deleted = rowsBefore - rowsAfter
 	if err := w.endLSN(db); err != nil {
 		return pr, err
 	}

@@ -223,6 +223,10 @@ func TestMaintainMakesTheDaysAhead(t *testing.T) {
 	if days != InboxDaysAhead {
 		t.Errorf("inbox_days_ahead() = %d after migrating, want %d", days, InboxDaysAhead)
 	}
+	// The days back that a new inbox has and a TTL of 720h does not keep.
+	if _, err := Maintain(ctx, database, 720*time.Hour); err != nil {
+		t.Fatal(err)
+	}
 	tx, err := database.BeginTxx(ctx, nil)
 	if err != nil {
 		t.Fatal(err)

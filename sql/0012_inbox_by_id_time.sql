@@ -11,13 +11,16 @@
 -- as before.
 --
 -- Partitions, lowest keys first, together covering every key:
---   processed_event_before    MINVALUE .. 30 days before this migration
---   processed_event_dYYYYMMDD one per UTC day, 30 days back, 31 ahead
+--   processed_event_before    MINVALUE .. 33 days before this migration
+--   processed_event_dYYYYMMDD one per UTC day, 33 days back, 31 ahead
 --   processed_event_yYYYY     the rest of this year, then each year to 2099
 --   processed_event_after     2100-01-01 .. MAXVALUE
 --   processed_event_default   the ranges of the days retention dropped
 -- inbox_maintain carves the next days out of the year partitions ahead of
--- time, and drops the days past the TTL.
+-- time, and drops the days past the TTL. The days back are the default
+-- TTL's and the prune's two days more (db.Prune): late events, and claims
+-- loaded into a new inbox (bench scale), land in days too; the first
+-- maintenance drops those past a shorter TTL, empty.
 --
 -- An inbox that already holds claims keeps them: the table is renamed
 -- processed_event_legacy and stays where it is, read only, and every claim
@@ -26,7 +29,7 @@
 DO $$
 DECLARE
     today DATE := (now() AT TIME ZONE 'UTC')::date;
-    first DATE := today - 30;
+    first DATE := today - 33;
     last  DATE := today + 31;
     d     DATE;
     y     INT;
