@@ -307,7 +307,7 @@ func TestPruneOf100kExpiredRowsLeavesConsumersWorking(t *testing.T) {
 	e := newEnv(t)
 	const expired = 100_000
 	e.db.MustExec(`INSERT INTO processed_event (event_id, event_type, processed_at, fingerprint)
-		SELECT gen_random_uuid(), 'TransferCreated', now() - interval '40 days' - g * interval '1 second', '\x00'
+		SELECT `+prunedID+`, 'TransferCreated', now() - interval '40 days' - g * interval '1 second', '\x00'
 		FROM generate_series(1, $1) g`, expired)
 	e.db.MustExec(`INSERT INTO processed_event (event_id, event_type, processed_at, fingerprint)
 		SELECT gen_random_uuid(), 'TransferCreated', now() - interval '29 days', '\x00'
