@@ -326,7 +326,10 @@ func (s *scaleRun) createDB(name string) error {
 	if _, err := s.admin.Exec("CREATE DATABASE " + name); err != nil {
 		return err
 	}
-	if err := s.service(name, "", nil, "migrate"); err != nil || s.transferFill == 0 {
+	// Migrated with a TTL ten times -ttl, so that its inbox maintenance
+	// keeps the day partitions the prefill fills past -ttl, as an inbox
+	// that has run for a while has them: the measured prune drops them.
+	if err := s.service(name, "", nil, "migrate", "INBOX_TTL="+(10*s.ttl).String()); err != nil || s.transferFill == 0 {
 		return err
 	}
 	db := s.open(name)
@@ -336,14 +339,25 @@ func (s *scaleRun) createDB(name string) error {
 }
 
 // service runs one of the service's commands on database name (and vhost,
-// when not ""), and returns its output through into when not nil.
+// when not ""), and returns its output through into when not nil. An
+// argument of the form NAME=VALUE is a variable for it instead.
 func (s *scaleRun) service(name, vhostURL string, into *string, args ...string) error {
 	if vhostURL == "" {
 		vhostURL = s.h.amqpURL
 	}
-	c := exec.Command(s.h.service, args...)
-	c.Env = append(os.Environ(), "AMQP_URL="+vhostURL, "DATABASE_URL="+s.p.url(name),
+	env := append(os.Environ(), "AMQP_URL="+vhostURL, "DATABASE_URL="+s.p.url(name),
 		fmt.Sprintf("QUEUE_COUNT=%d", s.queues), "INBOX_TTL="+s.ttl.String())
+	var cmd []string
+	for _, a := range args {
+		if strings.Contains(a, "=") {
+			env = append(env, a) // the last of a name wins
+		} else {
+			cmd = append(cmd, a)
+		}
+	}
+	args = cmd
+	c := exec.Command(s.h.service, args...)
+	c.Env = env
 	out, err := c.CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("%s: %v\n%s", strings.Join(args, " "), err, out)

@@ -119,7 +119,7 @@ func printScale(w io.Writer, r scaleResult) {
 	tw.Flush()
 
 	if len(r.Prunes) > 0 {
-		fmt.Fprintln(w, "\nRetention: the service's prune over the rows older than INBOX_TTL after a CHECKPOINT, then VACUUM processed_event:")
+		fmt.Fprintln(w, "\nRetention over the rows older than INBOX_TTL after a CHECKPOINT: the owner's maintenance (migrate) and the service's prune, then VACUUM processed_event:")
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "inbox rows\tdeleted\tprune s\trows/s\tprune WAL B/row\tFPI/row\tvacuum s\tvacuum WAL B/row\tFPI/row\ttogether B/row\t")
 		for _, p := range r.Prunes {

@@ -23,13 +23,11 @@ func PruneLoop(ctx context.Context, database *sqlx.DB, cfg config.Config, m *obs
 	tick := time.NewTicker(cfg.PruneInterval)
 	defer tick.Stop()
 	maintain := true
-	for first := true; ; first = false {
-		if !first {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
 		}
 		if maintain {
 			done, err := db.Maintain(ctx, database, cfg.InboxTTL)
@@ -42,9 +40,6 @@ func PruneLoop(ctx context.Context, database *sqlx.DB, cfg config.Config, m *obs
 			case len(done) > 0:
 				log.Info("inbox partitions maintained", "done", done)
 			}
-		}
-		if first {
-			continue
 		}
 		start := time.Now()
 		res, err := db.Prune(ctx, database, cfg.InboxTTL, cfg.PruneBatch)
