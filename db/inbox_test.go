@@ -6,12 +6,14 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/lib/pq"
 
 	"transferconsumer/event"
 )
@@ -336,5 +338,36 @@ func TestTheInboxBeforeItsPartitionsIsKeptUntilItsTTL(t *testing.T) {
 	}
 	if b := balanceOf(t, owner, "acc_l"); b != -5 {
 		t.Errorf("acc_l's balance %d, want -5", b)
+	}
+}
+
+// A reader that holds the inbox open (a long report) does not hold every
+// claim behind the maintenance's lock request for long: the maintenance
+// gives up after its lock_timeout, and claims go on; the next run does
+// the work.
+func TestMaintainGivesUpOnALongReader(t *testing.T) {
+	database := testDB(t, 4)
+	ctx := context.Background()
+	reader, err := database.BeginTxx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Rollback()
+	reader.MustExec(`SELECT count(*) FROM processed_event`)
+	// A TTL of an hour leaves days to drop: the maintenance needs the lock.
+	bounded, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	_, err = Maintain(bounded, database, time.Hour)
+	var pqErr *pq.Error
+	if !errors.As(err, &pqErr) || pqErr.Code != "55P03" {
+		t.Fatalf("Maintain behind a reader = %v, want lock_timeout (55P03)", err)
+	}
+	ev := newEvent(t, v7ID(time.Now()), event.TransferCreated, newID(), "acc_r", "acc_s", 1)
+	if r, err := NewInbox(database).Apply(ctx, ev); err != nil || r.Duplicate {
+		t.Errorf("a claim after the maintenance gave up = %+v, %v", r, err)
+	}
+	reader.Rollback()
+	if done, err := Maintain(ctx, database, time.Hour); err != nil || len(done) == 0 {
+		t.Errorf("Maintain once the reader is gone = %q, %v, want the days past the TTL dropped", done, err)
 	}
 }

@@ -20,7 +20,8 @@
 -- Each change runs with processed_event locked (ACCESS EXCLUSIVE, taken
 -- once, at the first change): claims wait the few milliseconds it takes,
 -- and never meet a range without its partition or a row on its way. Two
--- runs take turns on an advisory lock. p_ttl must be INBOX_TTL, or more.
+-- runs take turns on an advisory lock. A lock it waits for over 5 s fails
+-- the run (55P03), to be tried again. p_ttl must be INBOX_TTL, or more.
 
 CREATE OR REPLACE FUNCTION inbox_maintain(p_ttl INTERVAL, p_ahead INT DEFAULT 31) RETURNS TEXT[]
 LANGUAGE plpgsql AS $$
@@ -40,6 +41,15 @@ BEGIN
     IF (SELECT relkind FROM pg_class WHERE oid = to_regclass('processed_event')) IS DISTINCT FROM 'p' THEN
         RETURN done;
     END IF;
+    -- Only the owner may change partitions: say so before taking any lock
+    -- (the service's role may lock the table, and would then be refused).
+    IF NOT pg_has_role(current_user, (SELECT relowner FROM pg_class WHERE oid = 'processed_event'::regclass), 'USAGE') THEN
+        RAISE EXCEPTION 'inbox_maintain: role % does not own processed_event; its owner maintains the partitions', current_user
+            USING ERRCODE = '42501';
+    END IF;
+    -- A long reader of the inbox must not hold every claim behind this
+    -- lock request: give up after 5 s, and try again at the next run.
+    PERFORM set_config('lock_timeout', '5s', true);
     PERFORM pg_advisory_xact_lock(7301004);
 
     FOR i IN 1 .. p_ahead LOOP
