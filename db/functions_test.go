@@ -156,22 +156,9 @@ func functionDefs(t *testing.T, database *sqlx.DB) (map[string]string, map[strin
 func TestUpgradeFromMigrationsThatDefinedTheFunctions(t *testing.T) {
 	ctx := context.Background()
 	newSQL := os.DirFS("../sql")
-	dbURL, owner := freshDB(t)
-	lockDown(t, owner)
 	// The migrations as released at 032e43b, kept packed: a release's
 	// artifact, not source that defines the functions a second time.
-	old, err := zip.OpenReader("testdata/sql-032e43b.zip")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer old.Close()
-	if _, err := Migrate(ctx, owner, old); err != nil {
-		t.Fatal(err)
-	}
-	role, svc := serviceRole(t, dbURL, owner)
-	if err := Grant(ctx, owner, role); err != nil {
-		t.Fatal(err)
-	}
+	owner, role, svc := releasedSchema(t, "testdata/sql-032e43b.zip", true)
 	before := newEvent(t, newID(), event.TransferCreated, newID(), "acc_a", "acc_b", 100)
 	if _, err := NewInbox(svc).Apply(ctx, before); err != nil {
 		t.Fatalf("apply on the old schema: %v", err)
@@ -257,6 +244,31 @@ func TestUpgradeFromMigrationsThatDefinedTheFunctions(t *testing.T) {
 	if balance != -100 {
 		t.Errorf("acc_a's balance %d, want -100 (a failed transfer gives its amount back)", balance)
 	}
+}
+
+// releasedSchema is a new database migrated, as its owner, with the
+// migrations of a release kept packed in zipped (locked down first when
+// lock is true), and a service role granted what it needs there: the
+// owner's pool, the role's name and its pool.
+func releasedSchema(t *testing.T, zipped string, lock bool) (owner *sqlx.DB, role string, svc *sqlx.DB) {
+	t.Helper()
+	dbURL, owner := freshDB(t)
+	if lock {
+		lockDown(t, owner)
+	}
+	old, err := zip.OpenReader(zipped)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	if _, err := Migrate(context.Background(), owner, old); err != nil {
+		t.Fatal(err)
+	}
+	role, svc = serviceRole(t, dbURL, owner)
+	if err := Grant(context.Background(), owner, role); err != nil {
+		t.Fatal(err)
+	}
+	return owner, role, svc
 }
 
 // A function file that changes is applied again, alone; one that changes

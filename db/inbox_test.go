@@ -1,7 +1,6 @@
 package db
 
 import (
-	"archive/zip"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -289,20 +288,8 @@ func TestPruneLeavesTheDaysToMaintenance(t *testing.T) {
 // Maintain's callers expect.
 func TestTheInboxBeforeItsPartitionsIsKeptUntilItsTTL(t *testing.T) {
 	ctx := context.Background()
-	dbURL, owner := freshDB(t)
 	// The migrations as released at 57e6533, before the partitions.
-	old, err := zip.OpenReader("testdata/sql-57e6533.zip")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer old.Close()
-	if _, err := Migrate(ctx, owner, old); err != nil {
-		t.Fatal(err)
-	}
-	role, svc := serviceRole(t, dbURL, owner)
-	if err := Grant(ctx, owner, role); err != nil {
-		t.Fatal(err)
-	}
+	owner, _, svc := releasedSchema(t, "testdata/sql-57e6533.zip", false)
 	before := newEvent(t, v7ID(time.Now()), event.TransferCreated, newID(), "acc_l", "acc_m", 5)
 	if _, err := NewInbox(svc).Apply(ctx, before); err != nil {
 		t.Fatal(err)

@@ -32,7 +32,6 @@ DECLARE
     day    TEXT;
     c      RECORD;
     p      RECORD;
-    locked BOOLEAN := false;
     moved  BIGINT;
 BEGIN
     IF p_ttl IS NULL OR p_ttl < interval '1 hour' THEN
@@ -64,11 +63,7 @@ BEGIN
                 day, coalesce(c.name, 'no partition'));
             EXIT;
         END IF;
-        IF NOT locked THEN
-            LOCK TABLE processed_event IN ACCESS EXCLUSIVE MODE;
-            locked := true;
-        END IF;
-        EXECUTE format('ALTER TABLE processed_event DETACH PARTITION %s', c.part);
+        PERFORM inbox_detach(c.part);
         EXECUTE format('CREATE TABLE %I PARTITION OF processed_event FOR VALUES FROM (%L) TO (%L)',
             day, inbox_day_bound(d), inbox_day_bound(d + 1));
         EXECUTE format('WITH m AS (DELETE FROM %s WHERE event_id < %L RETURNING *) INSERT INTO processed_event SELECT * FROM m',
@@ -86,11 +81,7 @@ BEGIN
         WHERE ip.name ~ '^processed_event_(d[0-9]{8}|y[0-9]{4})$'
           AND inbox_bound_time(ip.upper_bound) <= now() - p_ttl
     LOOP
-        IF NOT locked THEN
-            LOCK TABLE processed_event IN ACCESS EXCLUSIVE MODE;
-            locked := true;
-        END IF;
-        EXECUTE format('ALTER TABLE processed_event DETACH PARTITION %s', p.part);
+        PERFORM inbox_detach(p.part);
         EXECUTE format('INSERT INTO processed_event SELECT * FROM %s WHERE processed_at >= now() - %L::interval',
             p.part, p_ttl);
         GET DIAGNOSTICS moved = ROW_COUNT;
