@@ -40,7 +40,7 @@ func TestDataOnlyRoleRunsOnTheSchemaItsOwnerMigrated(t *testing.T) {
 	// An inbox row old enough for retention, so that the role's prune has
 	// something to delete.
 	e.db.MustExec(`INSERT INTO processed_event (event_id, event_type, processed_at, fingerprint)
-		VALUES (`+prunedID+`, 'TransferCreated', now() - interval '800 hours', '\x00')`)
+		VALUES (` + prunedID + `, 'TransferCreated', now() - interval '800 hours', '\x00')`)
 
 	proc := startProcess(t, e.serviceEnv(2, "DATABASE_URL="+roleURL, "INSTANCE_NAME="+e.name+"-svc", "PRUNE_INTERVAL=200ms"))
 	proc.waitConsuming(1)

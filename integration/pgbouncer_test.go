@@ -43,7 +43,7 @@ func behindPgBouncer(t *testing.T, mode string) {
 	e.recordApplyOrder()
 	// Inbox rows old enough for retention to prune through the pooler.
 	e.db.MustExec(`INSERT INTO processed_event (event_id, event_type, processed_at, fingerprint)
-		SELECT `+prunedID+`, 'TransferCreated', now() - interval '800 hours', '\x00'
+		SELECT ` + prunedID + `, 'TransferCreated', now() - interval '800 hours', '\x00'
 		FROM generate_series(1, 20)`)
 	// In transaction mode, fewer server connections than the service opens
 	// (QUEUE_COUNT+4): its clients take turns on them, and with the
