@@ -31,6 +31,9 @@ type Health struct {
 	schema   atomic.Pointer[schemaState] // nil until the schema was first checked
 	// replication says whether a failover may lose acked events
 	replication atomic.Pointer[db.ReplicationWatch]
+	// daysAhead, when set, answers for the database's inbox_days_ahead
+	// (tests).
+	daysAhead func() (int, bool)
 }
 
 // Database records the database, once it is open.
@@ -181,6 +184,9 @@ const InboxDaysWarning = 7
 // partition (db.DaysAhead), within a second; false when it cannot tell or
 // the inbox is not partitioned.
 func (h *Health) inboxDaysAhead() (int, bool) {
+	if h.daysAhead != nil {
+		return h.daysAhead()
+	}
 	database := h.database.Load()
 	if database == nil {
 		return 0, false

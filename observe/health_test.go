@@ -4,6 +4,8 @@ import (
 	"errors"
 	"net/http"
 	"reflect"
+	"strconv"
+	"strings"
 	"testing"
 
 	"transferconsumer/db"
@@ -81,5 +83,33 @@ func TestReadinessSaysWhatTheTopologyCheckFound(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Fewer than InboxDaysWarning days of inbox partitions made ahead: /readyz
+// says so, and what to run, without changing readiness; enough days, or
+// no answer (an inbox not partitioned), and it says nothing.
+func TestReadinessWarnsOfTheInboxDaysRunningOut(t *testing.T) {
+	for _, tt := range []struct {
+		days  int
+		known bool
+		warn  bool
+	}{{InboxDaysWarning - 1, true, true}, {0, true, true}, {InboxDaysWarning, true, false}, {31, true, false}, {0, false, false}} {
+		h := &Health{daysAhead: func() (int, bool) { return tt.days, tt.known }}
+		h.SchemaCurrent()
+		quiet := &Health{daysAhead: func() (int, bool) { return 31, true }}
+		quiet.SchemaCurrent()
+		code, body := h.readiness()
+		wantCode, want := quiet.readiness()
+		msg, said := body["inbox"].(string)
+		switch {
+		case said != tt.warn:
+			t.Errorf("%d days (known %v): inbox %q, want a warning: %v", tt.days, tt.known, msg, tt.warn)
+		case tt.warn && (!strings.Contains(msg, "transferconsumer migrate") || !strings.HasPrefix(msg, strconv.Itoa(tt.days)+" day(s)")):
+			t.Errorf("%d days: inbox %q, want the count and what to run", tt.days, msg)
+		}
+		if code != wantCode || body["ready"] != want["ready"] {
+			t.Errorf("%d days: readiness %d %v, want it unchanged (%d %v)", tt.days, code, body["ready"], wantCode, want["ready"])
+		}
 	}
 }
