@@ -64,7 +64,8 @@ BEGIN
             WHERE g.table_schema = current_schema() AND g.table_name = 'processed_event_legacy'
               AND g.grantee <> current_user
         LOOP
-            EXECUTE format('GRANT %s ON processed_event TO %I', grantee.privilege_type, grantee.grantee);
+            EXECUTE format('GRANT %s ON processed_event TO %s', grantee.privilege_type,
+                CASE WHEN grantee.grantee = 'PUBLIC' THEN 'PUBLIC' ELSE quote_ident(grantee.grantee) END);
         END LOOP;
     END IF;
 
