@@ -235,6 +235,10 @@ func saveIndexes(db *sql.DB, tables ...string) ([]savedIndex, error) {
 				rs.Close()
 				return nil, err
 			}
+			// A partitioned table's index reads "ON ONLY table", which
+			// would make the parent's index alone, invalid, and none on
+			// the partitions: made again, it must cascade to them.
+			ix.def = strings.Replace(ix.def, " ON ONLY ", " ON ", 1)
 			out = append(out, ix)
 		}
 		rs.Close()

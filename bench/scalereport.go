@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 )
 
@@ -77,7 +78,8 @@ func printScale(w io.Writer, r scaleResult) {
 	inbox := func(d drainResult) float64 {
 		var b int64
 		for _, rel := range d.WAL.Relations {
-			if rel.Name == "processed_event" || rel.Name == "processed_event_pkey" || rel.Name == "processed_event_processed_at" {
+			// The table, its two indexes, and each partition's (adr/0011).
+			if rel.Name == "processed_event" || strings.HasPrefix(rel.Name, "processed_event_") {
 				b += rel.Bytes
 			}
 		}
