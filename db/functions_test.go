@@ -349,3 +349,35 @@ func TestFunctionFileChangedIsAppliedAgain(t *testing.T) {
 		t.Errorf("Migrate with functions/h.sql making g = %v", err)
 	}
 }
+
+// A binary of an earlier release, on a schema a later release migrated
+// (a record of a migration numbered above all of its own), leaves that
+// release's functions alone: it does not put its own files back, and
+// finds nothing pending. On a schema of its own release it does.
+func TestAnOlderBinaryLeavesANewerSchemasFunctions(t *testing.T) {
+	ctx := context.Background()
+	_, owner := freshDB(t)
+	table := []byte(`CREATE TABLE t (v INT);`)
+	f := func(body string) *fstest.MapFile {
+		return &fstest.MapFile{Data: []byte("CREATE OR REPLACE FUNCTION f() RETURNS INT LANGUAGE sql AS $$ " + body + " $$;")}
+	}
+	newer := fstest.MapFS{"0001_t.sql": {Data: table}, "0002_u.sql": {Data: []byte(`SELECT 1;`)}, "functions/f.sql": f("SELECT 2")}
+	older := fstest.MapFS{"0001_t.sql": {Data: table}, "functions/f.sql": f("SELECT 1")}
+	if _, err := Migrate(ctx, owner, newer); err != nil {
+		t.Fatal(err)
+	}
+	if missing, err := Pending(ctx, owner, older); err != nil || len(missing) != 0 {
+		t.Errorf("Pending for the older release = %v, %v, want none", missing, err)
+	}
+	if applied, err := Migrate(ctx, owner, older); err != nil || len(applied) != 0 {
+		t.Errorf("Migrate of the older release = %v, %v, want nothing applied", applied, err)
+	}
+	var n int
+	if err := owner.Get(&n, `SELECT f()`); err != nil || n != 2 {
+		t.Errorf("f() = %d, %v after the older binary's Migrate, want the later release's 2", n, err)
+	}
+	owner.MustExec(`DELETE FROM schema_migration WHERE version = 2`)
+	if applied, err := Migrate(ctx, owner, older); err != nil || strings.Join(applied, " ") != "functions/f.sql" {
+		t.Errorf("Migrate of the same release with f changed = %v, %v, want f applied", applied, err)
+	}
+}
