@@ -168,7 +168,7 @@ func TestDuplicateDuringAPartitionsRemovalIsCaught(t *testing.T) {
 		r, err := in.Apply(ctx, late)
 		again <- outcome{r, err}
 	}()
-	waitFor(t, 10*time.Second, "the duplicate to wait for the partition's removal", func() bool {
+	waitFor(t, 60*time.Second, "the duplicate to wait for the partition's removal", func() bool {
 		var waiting int
 		database.Get(&waiting, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`)
 		return waiting > 0
