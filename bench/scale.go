@@ -40,6 +40,18 @@ type scaleResult struct {
 	Loads  []loadResult  `json:"loads"`
 	Drains []drainResult `json:"drains"`
 	Prunes []pruneResult `json:"prunes"`
+	// With -reconcile, one reconciliation pass over each database, last.
+	Reconciles []reconcilePass `json:"reconciles,omitempty"`
+}
+
+// reconcilePass is one run of the service's reconcile command over a
+// database of Rows prefilled rows: how long it took, and its exit code
+// (0 nothing found, 3 something found).
+type reconcilePass struct {
+	Rows     int     `json:"inbox_rows"`
+	Seconds  float64 `json:"seconds"`
+	ExitCode int     `json:"exit_code"`
+	Output   string  `json:"output"`
 }
 
 // drainResult is one backlog drained by the service into a database of Rows
@@ -104,6 +116,7 @@ func runScale(args []string) {
 	fs.IntVar(&completeAfter, "complete-after", 0, "when not 0, half of each backlog completes the other half's transfers, each this many creations after its creation")
 	transferFill := fs.Int("transfer-fillfactor", 0, "when not 0, the transfer table's fillfactor, set after each migration (the prefill's rows and the drains' follow it)")
 	out := fs.String("out", "", "JSON results (default results/scale-ROWS.json)")
+	reconcile := fs.Bool("reconcile", false, "after retention, time one pass of the service's reconcile command over each prefilled database")
 	fs.Parse(args)
 
 	switch *ids {
@@ -251,6 +264,19 @@ func runScale(args []string) {
 		fmt.Fprintf(os.Stderr, "scale: prune at %d rows: %d deleted, %.0f B per row; vacuum after: %.0f B per row\n",
 			n, pr.Deleted, pr.WALPerRow, pr.VacuumPerRow)
 		res.Prunes = append(res.Prunes, pr)
+		save()
+	}
+	for _, n := range rowsList {
+		if !*reconcile || n == 0 {
+			continue
+		}
+		rp, err := s2.reconcile(dbs[n])
+		if err != nil {
+			fail(fmt.Errorf("reconcile at %d rows: %w", n, err))
+		}
+		rp.Rows = n
+		fmt.Fprintf(os.Stderr, "scale: reconcile at %d rows: %.1f s, exit %d\n", n, rp.Seconds, rp.ExitCode)
+		res.Reconciles = append(res.Reconciles, rp)
 		save()
 	}
 	admin.Close()
@@ -595,6 +621,26 @@ func (s *scaleRun) prune(name string) (pruneResult, error) {
 		pr.VacuumPerRow = float64(pr.Vacuum.Bytes) / float64(pr.Deleted)
 	}
 	return pr, nil
+}
+
+// reconcile times the service's reconcile command over database name, on
+// the server alone (no broker: its report says the DLQ was not read).
+func (s *scaleRun) reconcile(name string) (reconcilePass, error) {
+	var rp reconcilePass
+	c := exec.Command(s.h.service, "reconcile")
+	c.Env = append(os.Environ(), "AMQP_URL=amqp://nobody:nothing@127.0.0.1:1/", "DATABASE_URL="+s.p.url(name),
+		"INBOX_TTL="+s.ttl.String())
+	t0 := time.Now()
+	out, err := c.CombinedOutput()
+	rp.Seconds = time.Since(t0).Seconds()
+	rp.Output = string(out)
+	if ee, ok := err.(*exec.ExitError); ok && ee.ExitCode() == 3 {
+		rp.ExitCode, err = 3, nil
+	}
+	if err != nil {
+		return rp, fmt.Errorf("%v\n%s", err, out)
+	}
+	return rp, nil
 }
 
 func intList(s string) ([]int, error) {

@@ -132,6 +132,9 @@ func printScale(w io.Writer, r scaleResult) {
 		}
 		tw.Flush()
 	}
+	for _, p := range r.Reconciles {
+		fmt.Fprintf(w, "\nReconciliation at %d rows: one pass in %.1f s, exit %d\n", p.Rows, p.Seconds, p.ExitCode)
+	}
 }
 
 func mb(b int64) float64 { return float64(b) / (1 << 20) }

@@ -38,10 +38,10 @@ LIMIT greatest($1::int, 1)`
 // person dismissed (reconcile_dismissed) is not reported again.
 //
 // First the intents that have two creations of any state within the
-// window, ordered by intent and time: transfer_intent is ordered by paying
-// account, so the planner can walk it (an index-only scan, no heap) and
-// sort each account's entries alone (an incremental sort); then, for those
-// few, the pairs among the transfers that did not fail. Every such pair is
+// window, ordered by intent and time: a sort of the whole table, since no
+// index holds the intent (an index on it cost an event's WAL far more than
+// it saved this pass, adr/0012); then, for those few, the pairs among the
+// transfers that did not fail. Every such pair is
 // found: between two creations at most the window apart, each creation of
 // the same intent follows the one before it by less.
 const duplicateQuery = `
