@@ -116,6 +116,7 @@ func runScale(args []string) {
 	fs.IntVar(&completeAfter, "complete-after", 0, "when not 0, half of each backlog completes the other half's transfers, each this many creations after its creation")
 	transferFill := fs.Int("transfer-fillfactor", 0, "when not 0, the transfer table's fillfactor, set after each migration (the prefill's rows and the drains' follow it)")
 	out := fs.String("out", "", "JSON results (default results/scale-ROWS.json)")
+	attach := fs.String("attach", "", "DIR:PORT: use the server an earlier run left running (its directory and port; stop that run with SIGSTOP before it removes the server), prefilling only the databases it lacks, and leave it running")
 	reconcile := fs.Bool("reconcile", false, "after retention, time one pass of the service's reconcile command over each prefilled database")
 	fs.Parse(args)
 
@@ -160,8 +161,15 @@ func runScale(args []string) {
 		}
 	}
 
-	p, err := startPG(*pgBin, *dir, s)
-	if err != nil {
+	var p *pgServer
+	if *attach != "" {
+		dir, port, _ := strings.Cut(*attach, ":")
+		n, err := strconv.Atoi(port)
+		if err != nil || dir == "" {
+			fail(fmt.Errorf("-attach: want DIR:PORT, got %q", *attach))
+		}
+		p = &pgServer{bin: *pgBin, dir: dir, data: filepath.Join(dir, "data"), port: n, attached: true}
+	} else if p, err = startPG(*pgBin, *dir, s); err != nil {
 		fail(err)
 	}
 	// The service and its tools reach this server; the harness publishes
@@ -197,6 +205,15 @@ func runScale(args []string) {
 			continue
 		}
 		name := fmt.Sprintf("scale_%d", n)
+		var exists bool
+		if err := admin.QueryRow(`SELECT EXISTS (SELECT FROM pg_database WHERE datname = $1)`, name).Scan(&exists); err != nil {
+			fail(err)
+		}
+		if exists && p.attached {
+			fmt.Fprintf(os.Stderr, "scale: %s is there already, prefilled by an earlier run\n", name)
+			dbs[n] = name
+			continue
+		}
 		if err := s2.createDB(name); err != nil {
 			fail(err)
 		}

@@ -186,7 +186,10 @@ func prefill(db *sql.DB, rows, transfers, accounts int, ttl time.Duration, expir
 		ttl.Seconds()).Scan(&res.Expired); err != nil {
 		return res, err
 	}
-	if err := db.QueryRow(`SELECT pg_total_relation_size('processed_event'), pg_total_relation_size('transfer'),
+	// A partitioned table has no storage of its own: its size is its
+	// partitions'.
+	if err := db.QueryRow(`SELECT (SELECT sum(pg_total_relation_size(relid))::bigint FROM pg_partition_tree('processed_event')),
+		pg_total_relation_size('transfer'),
 		pg_database_size(current_database())`).Scan(&res.InboxBytes, &res.TransferBytes, &res.DatabaseBytes); err != nil {
 		return res, err
 	}

@@ -37,6 +37,9 @@ type pgServer struct {
 	cmd            *exec.Cmd
 	cred           *syscall.Credential // the user the server runs as, when the benchmark runs as root
 	exited         chan error
+	// attached: a server an earlier run left running (-attach), which
+	// stop leaves alone.
+	attached bool
 }
 
 // startPG makes a cluster with initdb from bin (the machine's PostgreSQL
@@ -143,6 +146,9 @@ func (p *pgServer) url(db string) string {
 
 // stop shuts the server down fast (SIGINT) and removes its directory.
 func (p *pgServer) stop() {
+	if p.attached {
+		return
+	}
 	if p.cmd != nil && p.cmd.Process != nil {
 		p.cmd.Process.Signal(syscall.SIGINT)
 		select {
