@@ -93,7 +93,11 @@ func TestCommitWaitingForAStandbyIsNeverCancelled(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer service.Close()
-	const applyTimeout = 200 * time.Millisecond
+	// Long enough that the attempt's work before its COMMIT never outlasts
+	// it, even on a loaded machine (at 200 ms a slow first attempt timed out
+	// before committing, and its retries looked like a cancelled commit);
+	// the commit still waits five times as long.
+	const applyTimeout = time.Second
 	svc := e.startWith(1, db.NewInbox(service), func(c *consumer.Config) { c.ApplyTimeout = applyTimeout })
 	tr := newTransfer("acc_s_"+e.name, "acc_t_"+e.name, 3)
 	e.publish(tr)
