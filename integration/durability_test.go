@@ -93,8 +93,8 @@ func TestCommitWaitingForAStandbyIsNeverCancelled(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer service.Close()
-	// Long enough that the attempt's work before its COMMIT never outlasts
-	// it, even on a loaded machine (at 200 ms a slow first attempt timed out
+	// Long enough that the attempt's work before its COMMIT does not
+	// outlast it on a loaded machine (at 200 ms a slow first attempt timed out
 	// before committing, and its retries looked like a cancelled commit);
 	// the commit still waits five times as long.
 	const applyTimeout = time.Second
