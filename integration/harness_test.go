@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -67,7 +68,33 @@ func parallel(t *testing.T) {
 	}
 	besides.Store(t.Name(), true)
 	t.Parallel()
+	if err := besideTurn(); err != nil {
+		t.Fatal(err)
+	}
 }
+
+// besideTurn holds the tests that run side by side until the file named by
+// TEST_BESIDE_AFTER is free of another process's exclusive flock, once per
+// run. .ci/run holds one on it while the pass against RabbitMQ 3.10 runs, so
+// that the passes against 4.x run their tests that must be alone on their
+// own broker beside that pass, and their side-by-side tests after it: three
+// passes' side-by-side tests at once are more than two cores carry. Unset,
+// nothing waits.
+var besideTurn = sync.OnceValue(func() error {
+	path := os.Getenv("TEST_BESIDE_AFTER")
+	if path == "" {
+		return nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("TEST_BESIDE_AFTER: %w", err)
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH); err != nil {
+		return fmt.Errorf("TEST_BESIDE_AFTER: waiting for %s: %w", path, err)
+	}
+	return nil // closing f lets the lock go
+})
 
 // alone fails the test unless it runs alone: what, which the test is about
 // to do, reaches every test on the same broker.
