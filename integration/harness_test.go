@@ -376,14 +376,25 @@ func (r *recorder) count() int {
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
+	var p poll
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out after %s waiting for %s", timeout, what)
 		}
-		<-tick.C
+		p.pause()
 	}
+}
+
+// poll paces the polls of a wait: the first after 10 ms, each later one
+// after twice the pause before it, up to 100 ms. A condition that holds
+// soon is seen soon, and the long waits of many tests side by side do not
+// keep the database and the broker's management API answering fifty polls
+// a second each, on the cores the tests share with them.
+type poll struct{ last time.Duration }
+
+func (p *poll) pause() {
+	p.last = min(max(2*p.last, 10*time.Millisecond), 100*time.Millisecond)
+	<-time.After(p.last)
 }
 
 // waitProgress waits until count() reaches target, for as long as it keeps
@@ -393,8 +404,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 // stops rising is what a hang looks like whatever the machine.
 func waitProgress(t *testing.T, stall time.Duration, what string, target int, count func() int) {
 	t.Helper()
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
+	var p poll
 	best, since := -1, time.Now()
 	for {
 		n := count()
@@ -406,7 +416,7 @@ func waitProgress(t *testing.T, stall time.Duration, what string, target int, co
 		} else if time.Since(since) > stall {
 			t.Fatalf("waiting for %s: stuck at %d of %d for %s", what, n, target, stall)
 		}
-		<-tick.C
+		p.pause()
 	}
 }
 

@@ -243,13 +243,12 @@ func (e *env) idleInTransaction() []string {
 // ending it, so that the checks after it still say what they see.
 func eventually(timeout time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
+	var p poll
 	for !cond() {
 		if time.Now().After(deadline) {
 			return false
 		}
-		<-tick.C
+		p.pause()
 	}
 	return true
 }
