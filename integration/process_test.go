@@ -21,8 +21,8 @@ var (
 )
 
 // buildService builds the service binary from the repository root, once per
-// test run, the way the README says to (with -race, so the tests' processes
-// are checked too).
+// test run, the way the README says to, and with the race detector when the
+// tests have it (raceFlags), so the tests' processes are checked too.
 func buildService(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
@@ -32,7 +32,7 @@ func buildService(t *testing.T) string {
 			return
 		}
 		binary = filepath.Join(dir, "tc")
-		if out, err := exec.Command("go", "build", "-race", "-o", binary, "..").CombinedOutput(); err != nil {
+		if out, err := exec.Command("go", append(append([]string{"build"}, raceFlags...), "-o", binary, "..")...).CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("%w: %s", err, out)
 		}
 	})
