@@ -10,8 +10,8 @@ import (
 
 // The worker's I/O goes through these small ports, so that model_test.go
 // can run the real worker (worker.go) against its models of the broker and
-// the database, one step at a time. The database lane is Lane (BatchLane)
-// and the parker Parker, both in service.go and outbox.go.
+// the database, one step at a time. The database lane is event.Lane
+// (BatchLane, in applier.go) and the parker Parker (outbox.go).
 
 // channelPort is the worker's AMQP channel: *amqp.Channel. Its deliveries
 // and its close notification reach the worker as events (worker.take,
