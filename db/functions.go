@@ -39,7 +39,15 @@ type function struct {
 	file string // functions/NAME.sql
 	text string
 	mark string // the comment Migrate sets on the function: the file and its text's SHA-256
+	// early: the file begins with earlyMark. Such a function names no
+	// table, so Migrate makes it before the numbered migrations, which
+	// may call it; it calls only early functions.
+	early bool
 }
+
+// earlyMark begins the file of a function that the numbered migrations
+// may call (function.early).
+const earlyMark = "-- Made before the numbered migrations, which may call it."
 
 var lineComment = regexp.MustCompile(`--[^\n]*`)
 
@@ -62,10 +70,12 @@ func functions(migrations fs.FS) ([]function, error) {
 			return nil, fmt.Errorf("read function %s: %w", f, err)
 		}
 		name := strings.TrimSuffix(path.Base(f), ".sql")
-		byName[name] = function{name: name, file: f, text: string(b), mark: fmt.Sprintf("%s sha256:%x", f, sha256.Sum256(b))}
+		byName[name] = function{name: name, file: f, text: string(b), mark: fmt.Sprintf("%s sha256:%x", f, sha256.Sum256(b)),
+			early: strings.HasPrefix(string(b), earlyMark)}
 		names = append(names, name)
 	}
 	var order []function
+	var calls []string // an early function's calls of one that is not
 	seen := map[string]bool{}
 	var visit func(string)
 	visit = func(n string) {
@@ -76,6 +86,9 @@ func functions(migrations fs.FS) ([]function, error) {
 		code := lineComment.ReplaceAllString(byName[n].text, "")
 		for _, m := range names {
 			if m != n && regexp.MustCompile(`\b`+regexp.QuoteMeta(m)+`\s*\(`).MatchString(code) {
+				if byName[n].early && !byName[m].early {
+					calls = append(calls, fmt.Sprintf("%s calls %s", byName[n].file, byName[m].file))
+				}
 				visit(m)
 			}
 		}
@@ -83,6 +96,9 @@ func functions(migrations fs.FS) ([]function, error) {
 	}
 	for _, n := range names {
 		visit(n)
+	}
+	if len(calls) > 0 {
+		return nil, fmt.Errorf("a function made before the migrations calls one made after them: %s", strings.Join(calls, "; "))
 	}
 	return order, nil
 }

@@ -183,9 +183,21 @@ func TestUpgradeFromMigrationsThatDefinedTheFunctions(t *testing.T) {
 	if missing, err := Pending(ctx, svc, newSQL); err != nil || !slices.Equal(missing, upgrade) {
 		t.Errorf("Pending as %s before the upgrade = %v, %v, want the later migrations and the function files %v", role, missing, err, upgrade)
 	}
+	// Migrate makes the functions the migrations may call first.
+	var order []string
+	for _, f := range fns {
+		if f.early {
+			order = append(order, f.file)
+		}
+	}
+	for _, name := range upgrade {
+		if !slices.Contains(order, name) {
+			order = append(order, name)
+		}
+	}
 	applied, err := Migrate(ctx, owner, newSQL)
-	if err != nil || !slices.Equal(applied, upgrade) {
-		t.Fatalf("the upgrade applied %v, %v, want the later migrations and the function files %v", applied, err, upgrade)
+	if err != nil || !slices.Equal(applied, order) {
+		t.Fatalf("the upgrade applied %v, %v, want the functions the migrations call, the later migrations and the other function files %v", applied, err, order)
 	}
 	var versions int
 	owner.Get(&versions, `SELECT count(*) FROM schema_migration`)
@@ -379,5 +391,34 @@ func TestAnOlderBinaryLeavesANewerSchemasFunctions(t *testing.T) {
 	owner.MustExec(`DELETE FROM schema_migration WHERE version = 2`)
 	if applied, err := Migrate(ctx, owner, older); err != nil || strings.Join(applied, " ") != "functions/f.sql" {
 		t.Errorf("Migrate of the same release with f changed = %v, %v, want f applied", applied, err)
+	}
+}
+
+// A function the numbered migrations may call is made before them, so it
+// may call only functions made before them too.
+func TestAFunctionMadeBeforeTheMigrationsCallsOnlySuch(t *testing.T) {
+	fsys := fstest.MapFS{
+		"functions/a.sql": {Data: []byte(earlyMark + "\nCREATE OR REPLACE FUNCTION a() RETURNS int LANGUAGE sql AS $$ SELECT b() $$;")},
+		"functions/b.sql": {Data: []byte("CREATE OR REPLACE FUNCTION b() RETURNS int LANGUAGE sql AS $$ SELECT 1 $$;")},
+	}
+	if _, err := functions(fsys); err == nil || !strings.Contains(err.Error(), "functions/a.sql calls functions/b.sql") {
+		t.Errorf("functions() = %v, want it to name the early function calling a later one", err)
+	}
+	fsys["functions/b.sql"] = &fstest.MapFile{Data: []byte(earlyMark + "\n" + string(fsys["functions/b.sql"].Data))}
+	if _, err := functions(fsys); err != nil {
+		t.Errorf("functions() = %v with both made early", err)
+	}
+	fns, err := functions(os.DirFS("../sql"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var early []string
+	for _, f := range fns {
+		if f.early {
+			early = append(early, f.name)
+		}
+	}
+	if !slices.Equal(early, []string{"inbox_bound", "inbox_day_bound"}) {
+		t.Errorf("made before the migrations: %v, want inbox_bound and inbox_day_bound (sql/0012 calls them)", early)
 	}
 }

@@ -103,8 +103,9 @@ func Pending(ctx context.Context, db *sqlx.DB, migrations fs.FS) ([]string, erro
 // The numbered migrations are recorded in schema_migration by version, and
 // run once each; a function file is run again whenever its text changes,
 // since each function's definition lives in that one file. The numbered
-// migrations run first, so the functions find the tables they name, and
-// must not call the functions themselves.
+// migrations run first, so the functions find the tables they name; they
+// may call only the functions made before them, which name no table (a
+// file that begins with earlyMark, see function.early).
 func Migrate(ctx context.Context, db *sqlx.DB, migrations fs.FS) ([]string, error) {
 	all, err := list(migrations)
 	if err != nil {
@@ -133,7 +134,20 @@ func Migrate(ctx context.Context, db *sqlx.DB, migrations fs.FS) ([]string, erro
 		for _, m := range all {
 			byName[m.name] = m
 		}
-		for _, name := range missing(all, done) {
+		todo := missing(all, done)
+		if len(todo) > 0 && !newer(all, done) {
+			early, err := staleFunctions(ctx, tx, earlyOnes(fns))
+			if err != nil {
+				return err
+			}
+			for _, f := range early {
+				if err := applyFunction(ctx, tx, f); err != nil {
+					return err
+				}
+				applied = append(applied, f.file)
+			}
+		}
+		for _, name := range todo {
 			m := byName[name]
 			body, err := fs.ReadFile(migrations, m.name)
 			if err != nil {
@@ -167,6 +181,18 @@ func Migrate(ctx context.Context, db *sqlx.DB, migrations fs.FS) ([]string, erro
 		return nil, err
 	}
 	return applied, nil
+}
+
+// earlyOnes returns the functions of fns made before the numbered
+// migrations, in fns' order.
+func earlyOnes(fns []function) []function {
+	var out []function
+	for _, f := range fns {
+		if f.early {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // Refused reports whether err is the database refusing the role a

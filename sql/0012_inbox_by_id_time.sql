@@ -34,6 +34,7 @@ DECLARE
     last  DATE := today + 31;
     d     DATE;
     y     INT;
+    next_y INT;
     lo    DATE;
     grantee RECORD;
 BEGIN
@@ -71,15 +72,15 @@ BEGIN
         END LOOP;
     END IF;
 
-    -- The bound of day d: the smallest version-7 id of its first millisecond.
+    -- The bound of day d is inbox_day_bound(d): the smallest version-7 id
+    -- of its first millisecond.
     EXECUTE format('CREATE TABLE processed_event_before PARTITION OF processed_event FOR VALUES FROM (MINVALUE) TO (%L)',
-        (lpad(to_hex((extract(epoch FROM first::timestamp AT TIME ZONE 'UTC') * 1000)::bigint), 12, '0') || repeat('0', 20))::uuid);
+        inbox_day_bound(first));
     d := first;
     WHILE d <= last LOOP
         EXECUTE format('CREATE TABLE %I PARTITION OF processed_event FOR VALUES FROM (%L) TO (%L)',
             'processed_event_d' || to_char(d, 'YYYYMMDD'),
-            (lpad(to_hex((extract(epoch FROM d::timestamp AT TIME ZONE 'UTC') * 1000)::bigint), 12, '0') || repeat('0', 20))::uuid,
-            (lpad(to_hex((extract(epoch FROM (d + 1)::timestamp AT TIME ZONE 'UTC') * 1000)::bigint), 12, '0') || repeat('0', 20))::uuid);
+            inbox_day_bound(d), inbox_day_bound(d + 1));
         d := d + 1;
     END LOOP;
     -- Years for a decade, then decades: fewer partitions to make for a
@@ -87,15 +88,14 @@ BEGIN
     lo := last + 1;
     y := extract(year FROM lo)::int;
     WHILE y < 2100 LOOP
+        next_y := least(CASE WHEN y < extract(year FROM today)::int + 10 THEN y + 1 ELSE y + 10 END, 2100);
         EXECUTE format('CREATE TABLE %I PARTITION OF processed_event FOR VALUES FROM (%L) TO (%L)',
-            'processed_event_y' || y,
-            (lpad(to_hex((extract(epoch FROM lo::timestamp AT TIME ZONE 'UTC') * 1000)::bigint), 12, '0') || repeat('0', 20))::uuid,
-            (lpad(to_hex((extract(epoch FROM make_date(least(CASE WHEN y < extract(year FROM today)::int + 10 THEN y + 1 ELSE y + 10 END, 2100), 1, 1)::timestamp AT TIME ZONE 'UTC') * 1000)::bigint), 12, '0') || repeat('0', 20))::uuid);
-        y := least(CASE WHEN y < extract(year FROM today)::int + 10 THEN y + 1 ELSE y + 10 END, 2100);
+            'processed_event_y' || y, inbox_day_bound(lo), inbox_day_bound(make_date(next_y, 1, 1)));
+        y := next_y;
         lo := make_date(y, 1, 1);
     END LOOP;
     EXECUTE format('CREATE TABLE processed_event_after PARTITION OF processed_event FOR VALUES FROM (%L) TO (MAXVALUE)',
-        (lpad(to_hex((extract(epoch FROM lo::timestamp AT TIME ZONE 'UTC') * 1000)::bigint), 12, '0') || repeat('0', 20))::uuid);
+        inbox_day_bound(lo));
     CREATE TABLE processed_event_default PARTITION OF processed_event DEFAULT;
     ALTER TABLE processed_event ADD PRIMARY KEY (event_id);
     CREATE INDEX processed_event_processed_at ON processed_event (processed_at);

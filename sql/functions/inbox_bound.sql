@@ -1,3 +1,4 @@
+-- Made before the numbered migrations, which may call it.
 -- inbox_bound is the smallest version-7 event id minted at time t: its
 -- first 48 bits are t in Unix milliseconds, the rest zero. Every id
 -- minted at t or later sorts at or after it, every id minted before sorts

@@ -1,3 +1,4 @@
+-- Made before the numbered migrations, which may call it.
 -- inbox_day_bound is inbox_bound at the start of UTC day d: the lower
 -- bound of that day's inbox partition, and the upper bound of the day
 -- before's.
