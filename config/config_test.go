@@ -48,6 +48,69 @@ func TestConfigRejectsBadValuesNamingTheVariable(t *testing.T) {
 	}
 }
 
+// Every bounded setting is accepted at its bound and refused one step
+// past it, naming the variable.
+func TestConfigLimitsAtTheirBoundary(t *testing.T) {
+	tests := []struct {
+		name     string
+		ok, past map[string]string
+	}{
+		{"QUEUE_COUNT", map[string]string{"QUEUE_COUNT": "1"}, map[string]string{"QUEUE_COUNT": "0"}},
+		{"QUEUE_COUNT", map[string]string{"QUEUE_COUNT": "1024"}, map[string]string{"QUEUE_COUNT": "1025"}},
+		{"DELIVERY_LIMIT", map[string]string{"DELIVERY_LIMIT": "1"}, map[string]string{"DELIVERY_LIMIT": "0"}},
+		{"REPLICA_INDEX/REPLICA_COUNT", map[string]string{"REPLICA_COUNT": "2", "REPLICA_INDEX": "1"},
+			map[string]string{"REPLICA_COUNT": "2", "REPLICA_INDEX": "2"}},
+		{"REPLICA_INDEX/REPLICA_COUNT", map[string]string{"REPLICA_INDEX": "0"}, map[string]string{"REPLICA_INDEX": "-1"}},
+		{"REPLICA_INDEX/REPLICA_COUNT", map[string]string{"REPLICA_COUNT": "1"}, map[string]string{"REPLICA_COUNT": "0"}},
+		{"SHUTDOWN_TIMEOUT", map[string]string{"SHUTDOWN_TIMEOUT": "1ns"}, map[string]string{"SHUTDOWN_TIMEOUT": "0s"}},
+		{"APPLY_TIMEOUT", map[string]string{"APPLY_TIMEOUT": "1ns"}, map[string]string{"APPLY_TIMEOUT": "0s"}},
+		{"RETRY_MIN/RETRY_MAX", map[string]string{"RETRY_MIN": "1s", "RETRY_MAX": "1s"},
+			map[string]string{"RETRY_MIN": "1s", "RETRY_MAX": "999999999ns"}},
+		{"RETRY_MIN/RETRY_MAX", map[string]string{"RETRY_MIN": "1ns"}, map[string]string{"RETRY_MIN": "0s"}},
+		{"RECONNECT_MIN/RECONNECT_MAX", map[string]string{"RECONNECT_MIN": "1s", "RECONNECT_MAX": "1s"},
+			map[string]string{"RECONNECT_MIN": "1s", "RECONNECT_MAX": "999999999ns"}},
+		{"RECONNECT_MIN/RECONNECT_MAX", map[string]string{"RECONNECT_MIN": "1ns"}, map[string]string{"RECONNECT_MIN": "0s"}},
+		{"INBOX_TTL", map[string]string{"INBOX_TTL": "1h"}, map[string]string{"INBOX_TTL": "3599999999999ns"}},
+		{"PRUNE_INTERVAL", map[string]string{"PRUNE_INTERVAL": "1ns"}, map[string]string{"PRUNE_INTERVAL": "0s"}},
+		{"PRUNE_BATCH", map[string]string{"PRUNE_BATCH": "1"}, map[string]string{"PRUNE_BATCH": "0"}},
+		{"PRUNE_BATCH", map[string]string{"PRUNE_BATCH": "100000"}, map[string]string{"PRUNE_BATCH": "100001"}},
+		{"RECONCILE_INTERVAL", map[string]string{"RECONCILE_INTERVAL": "0s"}, map[string]string{"RECONCILE_INTERVAL": "-1ns"}},
+		{"RECONCILE_WINDOW", map[string]string{"RECONCILE_WINDOW": "1ns"}, map[string]string{"RECONCILE_WINDOW": "0s"}},
+		{"RECONCILE_PENDING_AFTER", map[string]string{"RECONCILE_PENDING_AFTER": "1ns"}, map[string]string{"RECONCILE_PENDING_AFTER": "0s"}},
+		{"DB_MAX_CONNS", map[string]string{"DB_MAX_CONNS": "0"}, map[string]string{"DB_MAX_CONNS": "-1"}},
+		{"BATCH_MAX", map[string]string{"BATCH_MAX": "1"}, map[string]string{"BATCH_MAX": "0"}},
+		{"BATCH_MAX", map[string]string{"BATCH_MAX": "500"}, map[string]string{"BATCH_MAX": "501"}},
+		{"MAX_BODY_BYTES", map[string]string{"MAX_BODY_BYTES": "1024"}, map[string]string{"MAX_BODY_BYTES": "1023"}},
+		{"MAX_BODY_BYTES", map[string]string{"MAX_BODY_BYTES": "134217728"}, map[string]string{"MAX_BODY_BYTES": "134217729"}},
+		{"BATCH_LINGER", map[string]string{"BATCH_LINGER": "0s"}, map[string]string{"BATCH_LINGER": "-1ns"}},
+		{"BATCH_LINGER", map[string]string{"BATCH_LINGER": "1s"}, map[string]string{"BATCH_LINGER": "1000000001ns"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			load := func(env map[string]string) error {
+				for _, k := range []string{"QUEUE_COUNT", "DELIVERY_LIMIT", "REPLICA_INDEX", "REPLICA_COUNT", "SHUTDOWN_TIMEOUT",
+					"APPLY_TIMEOUT", "RETRY_MIN", "RETRY_MAX", "RECONNECT_MIN", "RECONNECT_MAX", "INBOX_TTL",
+					"PRUNE_INTERVAL", "PRUNE_BATCH", "RECONCILE_INTERVAL", "RECONCILE_WINDOW", "RECONCILE_PENDING_AFTER",
+					"DB_MAX_CONNS", "BATCH_MAX", "MAX_BODY_BYTES", "BATCH_LINGER"} {
+					t.Setenv(k, "")
+					os.Unsetenv(k)
+				}
+				for k, v := range env {
+					t.Setenv(k, v)
+				}
+				_, err := Load()
+				return err
+			}
+			if err := load(tt.ok); err != nil {
+				t.Errorf("%v: refused at its bound: %v", tt.ok, err)
+			}
+			if err := load(tt.past); err == nil || !strings.Contains(err.Error(), tt.name) {
+				t.Errorf("%v: one step past its bound, the error %v does not name %s", tt.past, err, tt.name)
+			}
+		})
+	}
+}
+
 // A value of the wrong form is named with its variable and the form it
 // should have, in words, not in envconfig's and strconv's terms.
 func TestConfigSaysWhatFormAValueShouldHave(t *testing.T) {
