@@ -15,11 +15,10 @@ import (
 
 // apply makes one attempt at the events of slots, in one transaction,
 // within ApplyTimeout and while work lasts: one event through Apply,
-// several through the lane's ApplyBatch (or, for an applier without
-// batches, one after the other). A producer conflict is that event's
-// outcome, not the attempt's failure. A panic is recovered as ClassPanic,
-// logged with its stack, and the lane, which it may have left inside a
-// transaction, is replaced.
+// several through the lane's ApplyBatch (the core gives several only to a
+// lane that batches). A panic is recovered as ClassPanic, logged with its
+// stack, and the lane, which it may have left inside a transaction, is
+// replaced.
 func (w *worker) apply(session context.Context, slots []*slot) (outs []event.Outcome, err error) {
 	evs := make([]event.Event, len(slots))
 	for i, s := range slots {
@@ -42,25 +41,12 @@ func (w *worker) apply(session context.Context, slots []*slot) (outs []event.Out
 	}()
 	if len(evs) == 1 {
 		res, err := w.attempt(evs[0])
-		if event.ClassOf(session, err) == event.ClassConflict {
-			return []event.Outcome{{Err: err}}, nil
-		}
 		if err != nil {
 			return nil, err
 		}
 		return []event.Outcome{{Result: res}}, nil
 	}
-	bl, ok := w.lane.(BatchLane)
-	if !ok {
-		outs = make([]event.Outcome, len(evs))
-		for i, ev := range evs {
-			if outs[i].Result, outs[i].Err = w.attempt(ev); outs[i].Err != nil &&
-				event.ClassOf(context.Background(), outs[i].Err) != event.ClassConflict {
-				return nil, outs[i].Err
-			}
-		}
-		return outs, nil
-	}
+	bl := w.lane.(BatchLane)
 	var span trace.Span
 	if t := w.svc.cfg.Tracer; t != nil {
 		span = startTransaction(t, w.tracedContext())

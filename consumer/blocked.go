@@ -77,10 +77,10 @@ func logBlocked(log *slog.Logger, th *retry.Throttle, b Blocked, delay time.Dura
 	log.Log(context.Background(), level, msg, attrs...)
 }
 
-// reportBlocked reports the queue blocked, retrying its first event in
-// place after delay.
-func (w *worker) reportBlocked(attempt int, delay time.Duration) {
-	err := w.core.lastErr
+// reportBlocked reports the queue blocked on cmd.Blocked, retrying it in
+// place after delay, for the reason cmd.Err.
+func (w *worker) reportBlocked(cmd command, delay time.Duration) {
+	err := cmd.Err
 	if err == nil {
 		err = errors.New("unknown")
 	}
@@ -90,24 +90,22 @@ func (w *worker) reportBlocked(attempt int, delay time.Duration) {
 		w.th = retry.Throttle{}
 	}
 	b.Queue, b.TraceID = w.queue, w.traceID
-	if p := w.core.pending(); len(p) > 0 {
-		b.EventID = p[0].Event.ID
-	} else if len(w.core.slots) > 0 {
-		b.EventID = w.eventID(w.core.slots[0])
+	if cmd.Blocked != nil {
+		b.EventID = w.eventID(cmd.Blocked)
 	}
-	b.Attempts, b.Class, b.Reason = attempt+1, event.ClassOf(context.Background(), err), err.Error()
+	b.Attempts, b.Class, b.Reason = cmd.Attempt+1, event.ClassOf(context.Background(), err), err.Error()
 	w.svc.setBlocked(*b)
 	logBlocked(w.svc.log, &w.th, *b, delay)
 	if w.svc.cfg.ObserveRetry != nil {
-		w.svc.cfg.ObserveRetry(Retry{Queue: w.queue, EventID: b.EventID, Attempt: attempt + 1, Delay: delay, Err: err})
+		w.svc.cfg.ObserveRetry(Retry{Queue: w.queue, EventID: b.EventID, Attempt: cmd.Attempt + 1, Delay: delay, Err: err})
 	}
 }
 
-// unblock clears the blocked report once the core has no failure to
-// retry any more.
+// unblock clears the blocked report once the core retries no failure any
+// more.
 func (w *worker) unblock() {
 	b := w.blocked
-	if b.Attempts == 0 || w.core.failures > 0 {
+	if b.Attempts == 0 || w.core.retrying() {
 		return
 	}
 	w.blocked = Blocked{}

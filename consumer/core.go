@@ -2,6 +2,8 @@ package consumer
 
 import (
 	"context"
+	"errors"
+	"fmt"
 
 	"transferconsumer/event"
 )
@@ -9,21 +11,31 @@ import (
 // The decisions about one queue's deliveries, as a plain value without I/O
 // (see adr/0002 and adr/0006), the way etcd's raft keeps its state
 // machine: facts in, commands out, and the caller does the I/O. The worker
-// (worker.go) feeds it what happened (a delivery arrived, an attempt to
-// apply returned, what became of a dead letter's copy or of its parking, a
-// wait ended, the session ended, the broker cancelled the consumer, the
-// channel closed) and carries out the one command it returns at a time:
-// apply these events, copy this one to the DLQ, park it, wait, ack, reject,
-// close the channel. A command that settles deliveries carries, for each,
-// the decision (action, class, error) the worker logs and observes.
-// model_test.go drives the real worker around it through thousands of
-// random schedules against a model of the broker and the database.
+// (worker.go) feeds it what happened (a delivery arrived, and what the
+// shell knows of it: its size, whether its producer is on the allow-list,
+// its decoded event; an attempt to apply returned; what became of a dead
+// letter's copy or of its parking; a wait ended; the session ended; the
+// broker cancelled the consumer; the channel closed) and carries out the
+// one command it returns at a time: apply these events, copy this one to
+// the DLQ, park it, wait, ack, reject, close the channel. A command that
+// settles deliveries carries, for each, the decision (action, class,
+// error) the worker logs and observes; a wait carries why the queue is
+// blocked. The worker reads nothing else of it. model_test.go drives the
+// real worker around it through thousands of random schedules against a
+// model of the broker and the database.
 //
 // The rules it keeps:
+//   - A delivery whose producer is not on the allow-list is dead-lettered
+//     undecoded, and so is one whose body is over MAX_BODY_BYTES; any
+//     other is decoded, and one that does not decode is dead-lettered.
+//   - A producer conflict is the outcome of its event alone, even when the
+//     event was applied alone.
 //   - A delivery is acked only once it is final: applied (or a duplicate)
 //     in a committed transaction, or dead-lettered with its copy confirmed
 //     or parked. A multiple ack names a final delivery and covers only
-//     final ones: the rejects of the refused go out before it.
+//     final ones: the rejects of the refused go out before it. A refused
+//     copy is rejected without requeue, never returned by requeue: the
+//     queue's own dead-lettering takes it.
 //   - Nothing behind a delivery that goes back to the queue is applied or
 //     settled: it all goes back with it, in order, by closing the channel.
 //     A cancel would hand the queue to the next single active consumer
@@ -36,10 +48,13 @@ import (
 //     client, beside the next one. Everything goes back by the close.
 //   - A dead letter is copied (published and confirmed) once. While a
 //     broker alarm blocks publishing, or when it cuts the wait for the
-//     confirm, the letter is parked in the database instead; a copy the
-//     broker refused is rejected without requeue (the queue dead-letters
-//     it); a session that ends first returns the message; a failure to
-//     park is the environment's: waited out, then tried again.
+//     confirm, the letter is parked in the database instead, when the
+//     applier can park (else the copy waits for the alarm to pass); a
+//     publish the alarm cut short counts as confirmed only on its confirm,
+//     and while it is unanswered the letter is parked held back; a copy
+//     the broker refused is rejected without requeue (the queue
+//     dead-letters it); a session that ends first returns the message; a
+//     failure to park is the environment's: waited out, then tried again.
 //   - An attempt of several events that fails because of one of them (or
 //     panics) is split: its first half is tried, until the event that
 //     fails stands alone and takes the blame alone. One that the
@@ -49,7 +64,11 @@ import (
 //     panicLimit panics of one event alone it is dead-lettered as the
 //     message's own fault, but only when the queue applied something
 //     since its last such dead letter: a bug that hits every message
-//     dead-letters at most one, then holds the queue, visibly.
+//     dead-letters at most one, then holds the queue, visibly. A panic
+//     while decoding is dead-lettered at once on the same terms, and held
+//     in place, for as long as it takes, when they do not hold.
+//   - A failure of the environment always waits its backoff before the
+//     next attempt.
 //   - The core never returns a message by itself with Nack or Reject: only
 //     a close returns a consumer's messages together, in order.
 
@@ -86,6 +105,10 @@ type slot struct {
 	Retries           int  // failed attempts of the environment it was part of
 	Panics            int  // attempts of it alone that panicked
 	Park              bool // fateLetter: park it in the database rather than copy it
+	// Facts the shell gives with the delivery, before it is decoded: the
+	// body's size, and why its producer may not move money (nil: it may).
+	Size    int
+	Refused error
 }
 
 // cmdKind is a kind of command the core gives the worker.
@@ -116,6 +139,13 @@ type command struct {
 	Multiple bool
 	Attempt  int  // cmdWait: the 0-based retry whose backoff to wait
 	Linger   bool // cmdWait: wait for more deliveries instead
+	// Force (cmdCopy): publish even while an alarm blocks publishing, and
+	// wait for the confirm however long the alarm lasts.
+	Force bool
+	// Blocked (cmdWait of a retry): the delivery the queue is held on,
+	// and the environment's last failure.
+	Blocked *slot
+	Err     error
 }
 
 // settlement is the decision about one delivery that a command settles.
@@ -136,22 +166,34 @@ const (
 	factEnded                      // the session ended before the confirm
 	factParked                     // parked in the database
 	factParkFailed                 // the database could not park it
+	factAnswered                   // a publish an alarm cut short was answered: confirmed when err is nil
 )
 
-var factNames = [...]string{"confirmed", "refused", "alarm", "ended", "parked", "park failed"}
+var factNames = [...]string{"confirmed", "refused", "alarm", "ended", "parked", "park failed", "answered"}
 
 func (f copyFact) String() string { return factNames[f] }
 
+// coreConfig is what a core is told once.
+type coreConfig struct {
+	Max     int  // the most events in one transaction: BATCH_MAX, or 1 when the applier has no batches
+	Linger  bool // wait BATCH_LINGER for more before applying fewer than Max
+	MaxBody int  // MAX_BODY_BYTES: a larger body is poison, undecoded; 0: no limit
+	CanPark bool // the applier can park a dead letter while an alarm blocks publishing
+}
+
 // core decides what happens to the deliveries of one queue's consumer.
 type core struct {
-	max    int  // BATCH_MAX: the prefetch, and the most events in one transaction
-	linger bool // wait BATCH_LINGER for more before applying fewer than max
+	max     int  // the most events in one transaction
+	linger  bool // wait BATCH_LINGER for more before applying fewer than max
+	maxBody int
+	canPark bool
 	// blame: a panic may be blamed on its message; false from a panic's
 	// dead letter until something is applied again.
 	blame bool
 
-	slots []*slot // in hand, in delivery order
-	busy  cmdKind // cmdApply, cmdCopy, cmdPark or cmdWait under way; else cmdNone
+	slots   []*slot // in hand, in delivery order
+	busy    cmdKind // cmdApply, cmdCopy, cmdPark or cmdWait under way; else cmdNone
+	copying *slot   // the dead letter of the cmdCopy or cmdPark under way
 
 	size     int   // the most events the next attempt takes
 	span     int   // pending slots, from the first, known to hold one that fails alone
@@ -166,9 +208,10 @@ type core struct {
 	closedErr bool // the channel closed under us: the broker has everything back
 }
 
-func newCore(max int, linger bool) *core {
-	max = maxInt(1, max)
-	return &core{max: max, size: max, linger: linger && max > 1, blame: true}
+func newCore(cfg coreConfig) *core {
+	max := maxInt(1, cfg.Max)
+	return &core{max: max, size: max, linger: cfg.Linger && max > 1, blame: true,
+		maxBody: cfg.MaxBody, canPark: cfg.CanPark}
 }
 
 func maxInt(a, b int) int {
@@ -178,18 +221,50 @@ func maxInt(a, b int) int {
 	return b
 }
 
-// deliver takes a delivery in hand: its event decoded, or Err saying why
-// it could not be (poison, or a panic while decoding, as Class).
-func (c *core) deliver(s *slot) {
+// deliver takes a delivery in hand, with what the shell knows of it
+// before decoding (Size, Refused). It reports whether the delivery is to
+// be decoded: then the shell decodes it and tells decoded, before
+// anything else.
+func (c *core) deliver(s *slot) (decode bool) {
 	s.Fate = fatePending
-	if s.Err != nil {
-		s.Fate = fateLetter
-	}
 	c.slots = append(c.slots, s)
+	switch {
+	case s.Refused != nil: // never decoded, never applied
+		c.letter(s, s.Refused)
+	case c.maxBody > 0 && s.Size > c.maxBody:
+		c.letter(s, event.Poison(fmt.Errorf("body of %d bytes is over MAX_BODY_BYTES (%d): not decoded", s.Size, c.maxBody)))
+	default:
+		return true
+	}
+	c.arrived()
+	return false
+}
+
+// decoded takes the event decoded from s, or why it could not be: poison,
+// or a panic while decoding.
+func (c *core) decoded(s *slot, ev event.Event, err error) {
+	s.Event = ev
+	if err != nil {
+		c.letter(s, err)
+	}
+	c.arrived()
+}
+
+// letter makes s a dead letter for err.
+func (c *core) letter(s *slot, err error) {
+	s.Fate, s.Err, s.Class = fateLetter, err, event.ClassOf(context.Background(), err)
+}
+
+// arrived ends the linger once the batch is full.
+func (c *core) arrived() {
 	if c.busy == cmdWait && !c.backoff && len(c.pending()) >= c.max {
 		c.busy, c.lingered = cmdNone, true // the batch is full: no more lingering
 	}
 }
+
+// retrying reports whether the core is retrying a failure of the
+// environment: the queue is blocked.
+func (c *core) retrying() bool { return c.failures > 0 }
 
 // pending returns the slots still to apply, in order.
 func (c *core) pending() []*slot {
@@ -214,6 +289,10 @@ func (c *core) applied(outs []event.Outcome, err error, class event.Class) {
 	}
 	c.busy = cmdNone
 	n := len(tried)
+	if err != nil && n == 1 && class == event.ClassConflict {
+		// A producer conflict is its event's outcome, not the attempt's.
+		outs, err, class = []event.Outcome{{Err: err}}, nil, ""
+	}
 	if err == nil {
 		for i, s := range tried {
 			o := outs[i]
@@ -275,25 +354,24 @@ func (c *core) applied(outs []event.Outcome, err error, class event.Class) {
 // copied takes what became of the dead letter's copy or parking under way.
 func (c *core) copied(f copyFact, err error) {
 	c.busy = cmdNone
-	var s *slot
-	for _, x := range c.slots {
-		if x.Fate == fateLetter {
-			s = x
-			break
-		}
-	}
-	if s == nil {
+	s := c.copying
+	c.copying = nil
+	if s == nil || s.Fate != fateLetter {
 		return
+	}
+	if f == factAnswered { // the publish an alarm cut short
+		if err != nil { // not confirmed: publish it again
+			s.Park = false
+			return
+		}
+		f = factConfirmed
 	}
 	switch f {
 	case factConfirmed, factParked:
 		s.Fate, s.Park = fateCopied, false
 		c.failures, c.lastErr, c.backoff = 0, nil, false
-		if s.Class == event.ClassPanic {
-			c.blame = false
-		}
 	case factRefused:
-		s.Fate = fateRefused
+		s.Fate = fateRefused // the queue dead-letters it
 	case factAlarm:
 		if c.ending {
 			s.Fate = fateReturn // nothing new is done once the session ends
@@ -307,6 +385,9 @@ func (c *core) copied(f copyFact, err error) {
 		c.failures++
 		c.lastErr = err
 		c.backoff = true
+	}
+	if s.Class == event.ClassPanic && s.Fate.final() {
+		c.blame = false // a panic's letter: until something is applied again, a panic is not the message's
 	}
 }
 
@@ -352,3 +433,7 @@ func (c *core) channelClosed() {
 	c.busy = cmdNone
 	c.slots = nil
 }
+
+// errReturned is the outcome of a delivery that went back to its queue
+// unapplied because the session ended or one before it went back.
+var errReturned = errors.New("returned to the queue unapplied, in order")

@@ -50,41 +50,47 @@ func (c *core) work(head []*slot, mayLinger bool) (command, bool) {
 		return command{}, false
 	}
 	var pending []*slot
-	var letter *slot
+	var letter, first *slot
 	for _, s := range head {
 		switch s.Fate {
 		case fatePending:
 			pending = append(pending, s)
 		case fateLetter:
-			if letter == nil {
+			// A panic's letter waits for the deliveries pending before
+			// it: one of them may take the blame first (core.applied).
+			if letter == nil && (s.Class != event.ClassPanic || len(pending) == 0) {
 				letter = s
 			}
+		default:
+			continue
+		}
+		if first == nil {
+			first = s
 		}
 	}
-	if letter == nil && len(pending) == 0 {
+	if first == nil {
 		return command{}, false
 	}
-	if letter != nil && letter.Class == event.ClassPanic && letter.Panics == 0 && !c.blame {
-		// Decoding it panicked, right after another panic's dead letter:
-		// the service is broken, not the message. It waits in place.
-		if !c.backoff {
-			c.failures++
-			c.lastErr = letter.Err
-		}
+	if letter != nil && letter.Class == event.ClassPanic && letter.Panics == 0 && !c.blame && !c.backoff {
+		// Decoding it panicked, and the queue has applied nothing since
+		// another panic's dead letter: the service is broken, not the
+		// message. It waits in place, as long as it takes.
+		c.failures++
+		c.lastErr = letter.Err
 		c.backoff = true
-		letter.Panics = -1 // counted once
 	}
 	if c.backoff {
 		c.busy = cmdWait
-		return command{Kind: cmdWait, Attempt: c.failures - 1}, true
+		return command{Kind: cmdWait, Attempt: c.failures - 1, Blocked: first, Err: c.lastErr}, true
 	}
 	if letter != nil {
 		kind := cmdCopy
 		if letter.Park {
 			kind = cmdPark
 		}
-		c.busy = kind
-		return command{Kind: kind, Slots: []*slot{letter}}, true
+		c.busy, c.copying = kind, letter
+		// Without a parker, the copy waits for any alarm to pass.
+		return command{Kind: kind, Slots: []*slot{letter}, Force: !c.canPark}, true
 	}
 	n := min(c.max, c.size, len(pending))
 	if c.span > 0 {

@@ -54,13 +54,16 @@ func drive(c *core, result func(tags []uint64) ([]event.Outcome, error, event.Cl
 
 func deliverN(c *core, n int, bad ...uint64) {
 	for tag := uint64(1); tag <= uint64(n); tag++ {
-		s := &slot{Tag: tag, Event: event.Event{ID: fmt.Sprint(tag)}}
+		s := &slot{Tag: tag}
+		ev, err := event.Event{ID: fmt.Sprint(tag)}, error(nil)
 		for _, b := range bad {
 			if b == tag {
-				s.Err, s.Class = event.Poison(errors.New("not JSON")), event.ClassPoison
+				err = event.Poison(errors.New("not JSON"))
 			}
 		}
-		c.deliver(s)
+		if c.deliver(s) {
+			c.decoded(s, ev, err)
+		}
 	}
 }
 
@@ -130,7 +133,7 @@ func TestCoreSchedules(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := newCore(tt.max, false)
+			c := newCore(coreConfig{Max: tt.max})
 			deliverN(c, tt.n, tt.poison...)
 			result := func(tags []uint64) ([]event.Outcome, error, event.Class) {
 				if tt.result == nil {
@@ -152,7 +155,7 @@ func TestCoreSchedules(t *testing.T) {
 // A refused copy is rejected (the queue's own dead-lettering keeps it)
 // before any multiple ack could cover it.
 func TestCoreRejectsARefusedCopyBeforeTheAck(t *testing.T) {
-	c := newCore(50, false)
+	c := newCore(coreConfig{Max: 50})
 	deliverN(c, 3, 1)
 	var got []string
 	for cmd := c.next(); cmd.Kind != cmdNone; cmd = c.next() {
@@ -197,7 +200,7 @@ func TestCoreCopyFacts(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := newCore(1, false)
+			c := newCore(coreConfig{Max: 1})
 			deliverN(c, 1, 1)
 			var got []string
 			facts := tt.facts
@@ -235,7 +238,7 @@ func TestCoreCopyFacts(t *testing.T) {
 // A consumer the broker cancelled settles nothing more, not even what
 // commits after the cancel: everything goes back by the close.
 func TestCoreSettlesNothingAfterTheBrokersCancel(t *testing.T) {
-	c := newCore(50, false)
+	c := newCore(coreConfig{Max: 50})
 	deliverN(c, 3)
 	if cmd := c.next(); cmd.Kind != cmdApply {
 		t.Fatalf("first command %v, want apply", cmd.Kind)

@@ -133,11 +133,9 @@ func (p *letters) connection() (*amqp.Connection, error) {
 
 // letterChannel is one goroutine's channel on the dead-letter connection,
 // opened at its first dead letter and again after it closed. It is the
-// worker's letterPort; parks says whether an alarm ends the wait for a
-// confirm (the applier can park the letter instead).
+// worker's letterPort.
 type letterChannel struct {
 	letters *letters
-	parks   bool
 	ch      *amqp.Channel
 	returns <-chan amqp.Return
 	closes  <-chan *amqp.Error // the broker's reason, should it close the channel
@@ -145,7 +143,7 @@ type letterChannel struct {
 
 // alarmed reports whether a broker alarm blocks publishing now.
 func (c *letterChannel) alarmed() bool {
-	return c.parks && isClosed(c.letters.alarmOn())
+	return isClosed(c.letters.alarmOn())
 }
 
 func isClosed(c <-chan struct{}) bool {
@@ -163,17 +161,17 @@ func isClosed(c <-chan struct{}) bool {
 // exchange, it closes the channel: the error is then a *dlq.Refused, which
 // names the permission to grant, not the nack the library makes of it.
 //
-// When parks, an alarm that starts while the confirm is awaited ends the
+// Unless force, an alarm that starts while the confirm is awaited ends the
 // wait with an *alarmCut: the channel is left to that publish, whose
 // answer the error carries, so that the letter parked instead is held back
 // from the drain until it comes, and dropped should it be a confirm.
-func (c *letterChannel) publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error {
+func (c *letterChannel) publish(ctx context.Context, exchange, key string, msg amqp.Publishing, force bool) error {
 	if c.ch == nil || c.ch.IsClosed() {
-		if err := c.open(ctx); err != nil {
+		if err := c.open(ctx, force); err != nil {
 			return err
 		}
 	}
-	if !c.parks {
+	if force {
 		return dlq.Explain(dlq.PublishConfirmed(ctx, c.ch, c.returns, exchange, key, msg), c.closes, exchange)
 	}
 	dc, err := c.ch.PublishWithDeferredConfirmWithContext(ctx, exchange, key,
@@ -203,10 +201,10 @@ func (c *letterChannel) publish(ctx context.Context, exchange, key string, msg a
 }
 
 // open opens the channel. A blocked connection answers no channel.open
-// until the alarm passes: when parks, the alarm ends the wait, with
+// until the alarm passes: unless force, the alarm ends the wait, with
 // errAlarmCut (nothing was published).
-func (c *letterChannel) open(ctx context.Context) error {
-	if c.parks {
+func (c *letterChannel) open(ctx context.Context, force bool) error {
+	if !force {
 		octx, cancel := context.WithCancel(ctx)
 		defer cancel()
 		go func() { // ends with octx at the latest

@@ -139,20 +139,55 @@ func (a *mapp) ApplyBatch(ctx context.Context, evs []event.Event) ([]event.Outco
 // attempt is one transaction. Now and then a SIGTERM arrives during it
 // and outlasts SHUTDOWN_TIMEOUT: the statement is cancelled, nothing
 // committed.
-func (a *mapp) attempt(ctx context.Context, evs []event.Event) ([]event.Outcome, error) {
-	if a.rp.ended {
-		a.s.t.Fatalf("replica %d applies after its session ended", a.rp.id)
+func (a *mapp) attempt(ctx context.Context, evs []event.Event) (outs []event.Outcome, err error) {
+	s, rp := a.s, a.rp
+	switch {
+	case rp.ended:
+		s.t.Fatalf("replica %d applies after its session ended", rp.id)
+	case rp.waitApply:
+		s.t.Fatalf("replica %d tries again without waiting after the environment failed", rp.id)
 	}
-	if ctx.Err() == nil && !a.s.calm && a.s.r.IntN(60) == 0 {
-		a.s.logf("r%d: SIGTERM during an attempt, which outlasts SHUTDOWN_TIMEOUT", a.rp.id)
-		a.s.endSession(a.rp)
-		a.rp.endWork(event.ErrShutdown)
+	s.command(rp, "apply")
+	if ctx.Err() == nil && !s.calm && s.r.IntN(60) == 0 {
+		s.logf("r%d: SIGTERM during an attempt, which outlasts SHUTDOWN_TIMEOUT", rp.id)
+		s.endSession(rp)
+		rp.endWork(event.ErrShutdown)
 	}
 	if ctx.Err() != nil {
+		s.logf("r%d: the attempt is cancelled", rp.id)
 		return nil, errors.New("canceling statement due to user request")
 	}
-	outs, err := a.s.db.apply(evs)
-	a.s.logf("r%d applies %d events from %s: %v", a.rp.id, len(evs), evs[0].ID, err)
+	defer func() {
+		p := recover()
+		if p != nil {
+			s.logf("r%d: applying %d events from %s panics: %v", rp.id, len(evs), evs[0].ID, p)
+		}
+		switch {
+		case p != nil && len(evs) == 1: // a lone panic: held in place, or dead-lettered at the limit
+			id := evs[0].ID
+			rp.lonePanics[id]++
+			if rp.lonePanics[id] > panicLimit && rp.blame {
+				s.t.Fatalf("replica %d: event %s panicked alone %d times, and the queue applied something since its last panic's letter: "+
+					"it must be dead-lettered, not held", rp.id, id, rp.lonePanics[id])
+			}
+			rp.waitApply = true
+		case p != nil: // a batch that panics is split
+		case err != nil:
+			class := event.ClassOf(context.Background(), err)
+			rp.waitApply = !event.CausedByMessage(class) && class != event.ClassShutdown
+		default:
+			for _, o := range outs {
+				if o.Err == nil {
+					rp.blame = true // something was applied
+				}
+			}
+		}
+		if p != nil {
+			panic(p)
+		}
+	}()
+	outs, err = s.db.apply(evs)
+	s.logf("r%d applies %d events from %s: %v", rp.id, len(evs), evs[0].ID, err)
 	return outs, err
 }
 
@@ -161,7 +196,9 @@ func (a *mapp) Close()                        {}
 
 // Park keeps l in the outbox; it fails while the database is down.
 func (a *mapp) Park(ctx context.Context, l event.OutboxLetter) error {
+	a.s.letterCall(a.rp, "parks", l.Class)
 	if a.s.db.down {
+		a.rp.waitLetter = true
 		return event.Transient(errors.New("database down"))
 	}
 	a.s.logf("r%d parks the letter of %s (held: %v)", a.rp.id, l.EventID, l.Abandoned != nil)

@@ -130,7 +130,7 @@ func (s *Service) kickDrain() {
 func (s *Service) drainLoop(session context.Context, letters *letters) {
 	out := letterChannel{letters: letters}
 	publish := func(exchange, key string, msg amqp.Publishing) error {
-		return out.publish(session, exchange, key, msg)
+		return out.publish(session, exchange, key, msg, true) // waits out an alarm
 	}
 	tick := time.NewTicker(lookEvery)
 	defer tick.Stop()

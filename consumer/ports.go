@@ -6,6 +6,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"transferconsumer/event"
 )
 
 // The worker's I/O goes through these small ports, so that model_test.go
@@ -14,12 +16,10 @@ import (
 // (BatchLane, in applier.go) and the parker Parker (outbox.go).
 
 // channelPort is the worker's AMQP channel: *amqp.Channel. Its deliveries
-// and its close notification reach the worker as events (worker.take,
-// worker.cancelled, worker.channelClosed).
+// and its close notification reach the worker through its loopPort.
 type channelPort interface {
 	Ack(tag uint64, multiple bool) error
 	Reject(tag uint64, requeue bool) error
-	Cancel(consumer string, noWait bool) error
 	Close() error
 	IsClosed() bool
 }
@@ -30,9 +30,10 @@ type letterPort interface {
 	// the letter can be parked instead).
 	alarmed() bool
 	// publish publishes msg and returns nil only once the broker
-	// confirmed it, waiting as long as ctx lasts. An alarm that starts
-	// while the confirm is awaited ends the wait with an *alarmCut.
-	publish(ctx context.Context, exchange, key string, msg amqp.Publishing) error
+	// confirmed it, waiting as long as ctx lasts. Unless force, an alarm
+	// that starts while the confirm is awaited ends the wait with an
+	// *alarmCut.
+	publish(ctx context.Context, exchange, key string, msg amqp.Publishing, force bool) error
 }
 
 // errAlarmCut: a broker alarm began while a dead letter's confirm was
@@ -45,6 +46,44 @@ type alarmCut struct{ answer <-chan error }
 
 func (*alarmCut) Error() string        { return errAlarmCut.Error() }
 func (*alarmCut) Is(target error) bool { return target == errAlarmCut }
+
+// happening is what the worker's loop waits for (loopPort.next).
+type happening struct {
+	Kind   happeningKind
+	D      amqp.Delivery // hDelivery
+	Reason *amqp.Error   // hGone, hClosed: the broker's reason for closing the channel, when known
+}
+
+type happeningKind int
+
+const (
+	hDelivery happeningKind = iota // a delivery arrived
+	hGone                          // no more deliveries: the channel closed, or the broker cancelled the consumer
+	hTimer                         // the timer armed last is due
+	hEnded                         // the session ended
+	hClosed                        // the channel's close notification
+)
+
+// loopPort is where the worker's loop waits: *amqpLoop, which selects on
+// the channel's deliveries and close notification, the session's end and
+// a timer. model_test.go's picks among what its broker model has ready,
+// in any order the real select could.
+type loopPort interface {
+	// arm arms the timer to be due after d, in place of one armed before.
+	arm(d time.Duration)
+	// next waits for the next happening; the session's end is one when
+	// ended is closed (nil: not watched).
+	next(ended <-chan struct{}) happening
+	// arrived returns a delivery that has arrived already, without
+	// waiting: the worker gathers a batch with it.
+	arrived() (amqp.Delivery, bool)
+	// stop stops the timer.
+	stop()
+}
+
+// decoder decodes a delivery's body: event.Decode, unless a test makes
+// it panic.
+type decoder func(body []byte, messageID, typ string) (event.Event, error)
 
 // clock is the worker's time: time.Now, unless a test says otherwise.
 type clock func() time.Time

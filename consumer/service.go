@@ -294,19 +294,29 @@ const lookEvery = 10 * time.Second
 func (s *Service) openWorker(conn *amqp.Connection, letters *letters, i int, work context.Context) (*worker, error) {
 	queue := s.cfg.Topology.Queue(i)
 	w := &worker{svc: s, index: i, queue: queue, tag: s.cfg.Instance + "/" + queue, conn: conn, work: work,
-		now: time.Now, core: newCore(s.cfg.BatchMax, s.cfg.BatchLinger > 0)}
+		now: time.Now, letters: &letterChannel{letters: letters}}
 	w.parker, _ = s.app.(Parker)
-	w.letters = &letterChannel{letters: letters, parks: w.parker != nil}
 	// Prefetch BatchMax (1 unless batches are on) per consumer: what the
 	// broker gave us is the batch in hand at most, so order holds and a
 	// crash returns one batch.
-	if err := w.open(w.core.max); err != nil {
+	if err := w.open(max(1, s.cfg.BatchMax)); err != nil {
 		return nil, err
 	}
 	if lanes, ok := s.app.(Lanes); ok {
 		w.lane = lanes.Lane(s.cfg.ApplyTimeout)
 	}
+	w.core = newCore(s.coreConfig(w.lane, w.parker != nil))
 	return w, nil
+}
+
+// coreConfig is the configuration of a worker's core with lane: batches
+// only when the lane applies them, parking only when the applier parks.
+func (s *Service) coreConfig(lane event.Lane, parks bool) coreConfig {
+	batch := 1
+	if _, ok := lane.(BatchLane); ok {
+		batch = s.cfg.BatchMax
+	}
+	return coreConfig{Max: batch, Linger: s.cfg.BatchLinger > 0, MaxBody: s.cfg.MaxBodyBytes, CanPark: parks}
 }
 
 // accessHint is what a person should check when the broker refuses access.

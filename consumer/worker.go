@@ -2,9 +2,7 @@ package consumer
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"runtime"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -26,13 +24,14 @@ type worker struct {
 	queue, tag string
 	conn       *amqp.Connection
 	ch         channelPort
-	closed     <-chan *amqp.Error // ch's close notification
-	deliveries <-chan amqp.Delivery
+	loop       loopPort
 	session    context.Context // ends the session: nothing new is applied
+	told       bool            // the core was told that the session ended
 	work       context.Context // lives ShutdownTimeout past shutdown
 	lane       event.Lane      // when the applier has lanes; else each attempt gets a timeout context
 	letters    letterPort      // where dead-letter copies go out
 	parker     Parker          // where a dead letter waits out a broker alarm; nil when the applier cannot
+	decoder    decoder         // event.Decode, unless a test says otherwise
 	now        clock
 	core       *core
 	held       map[uint64]*delivery // by tag: what the core holds no handle to
@@ -58,70 +57,54 @@ type delivery struct {
 // run carries out the core's commands until it is finished: the session
 // ended and what was in hand is settled or returned, or the channel closed.
 // It returns an error when the channel failed or the broker cancelled the
-// consumer, so that the session ends and consumes again.
+// consumer, so that the session ends and consumes again. It waits for what
+// happens next through its loopPort.
 func (w *worker) run(session context.Context) error {
 	w.session = session
-	ended := session.Done()
-	var timer *time.Timer
-	var timerC <-chan time.Time
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
+	defer w.loop.stop()
 	for {
-		if ended != nil && session.Err() != nil {
-			// An ended session goes first, even with deliveries waiting.
-			ended = nil
-			w.ended()
-		}
 		switch delay, state := w.advance(); state {
 		case stepDone:
 			return w.failed
 		case stepWait:
-			if timer != nil {
-				timer.Stop()
-			}
-			timer = time.NewTimer(delay)
-			timerC = timer.C
+			w.loop.arm(delay)
 		}
-		select {
-		case d, ok := <-w.deliveries:
-			if !ok {
-				// The channel closed, or the broker cancelled the consumer
-				// (a consumer timeout on 4.3, a deleted queue).
-				w.deliveries = nil
-				var reason *amqp.Error
-				select {
-				case reason = <-w.closed:
-				default:
-				}
-				if reason != nil || w.ch.IsClosed() {
-					w.channelClosed(reason)
-				} else {
-					w.cancelled()
-				}
-				continue
-			}
-			w.take(d)
+		var ended <-chan struct{}
+		if !w.told {
+			ended = session.Done()
+		}
+		h := w.loop.next(ended)
+		switch h.Kind {
+		case hDelivery:
+			w.take(h.D)
 			w.gather()
-		case <-timerC:
-			timerC = nil
-			w.tick()
-		case <-ended:
-			ended = nil
+		case hGone:
+			// The channel closed, or the broker cancelled the consumer (a
+			// consumer timeout on 4.3, a deleted queue).
+			if h.Reason != nil || w.ch.IsClosed() {
+				w.channelClosed(h.Reason)
+			} else {
+				w.cancelled()
+			}
+		case hTimer:
+			w.core.tick()
+		case hEnded:
 			w.ended()
-		case e := <-w.closed:
-			w.closed = nil
-			w.channelClosed(e)
+		case hClosed:
+			w.channelClosed(h.Reason)
 		}
 	}
 }
 
 // advance carries out the core's commands until it has none for now, and
-// says whether the core waits for a timer (of delay) or is done.
+// says whether the core waits for a timer (of delay) or is done. Before
+// each command it looks whether the session has ended: an ended session
+// goes first, before deliveries waiting and before the next command.
 func (w *worker) advance() (time.Duration, stepState) {
 	for {
+		if !w.told && w.session.Err() != nil {
+			w.ended()
+		}
 		if delay, state, ran := w.step(); !ran {
 			return delay, state
 		}
@@ -130,8 +113,7 @@ func (w *worker) advance() (time.Duration, stepState) {
 
 // step carries out the core's next command when there is one to carry out
 // now (ran); else it says whether the core waits for a timer (of delay),
-// is idle until something happens, or is done. run calls it through
-// advance; model_test.go calls it one command at a time.
+// is idle until something happens, or is done.
 func (w *worker) step() (delay time.Duration, state stepState, ran bool) {
 	cmd := w.core.next()
 	switch cmd.Kind {
@@ -143,7 +125,7 @@ func (w *worker) step() (delay time.Duration, state stepState, ran bool) {
 		delay = w.svc.cfg.BatchLinger
 		if !cmd.Linger {
 			delay = w.svc.cfg.Retry.Delay(cmd.Attempt)
-			w.reportBlocked(cmd.Attempt, delay)
+			w.reportBlocked(cmd, delay)
 		}
 		return delay, stepWait, false
 	}
@@ -154,9 +136,11 @@ func (w *worker) step() (delay time.Duration, state stepState, ran bool) {
 	return 0, stepIdle, true
 }
 
-// ended: the session ended. tick: the timer the core waited for is due.
-func (w *worker) ended() { w.core.end() }
-func (w *worker) tick()  { w.core.tick() }
+// ended: the session ended; the core is told once.
+func (w *worker) ended() {
+	w.told = true
+	w.core.end()
+}
 
 func (w *worker) fail(err error) {
 	if w.failed == nil {
@@ -177,40 +161,28 @@ func (w *worker) cancelled() {
 }
 
 // gather takes in hand what else has already arrived, so that a batch
-// holds it. A delivery that has arrived may still be on its way through
-// the client's buffering goroutine: it is let run once.
+// holds it.
 func (w *worker) gather() {
-	if w.core.max <= 1 {
+	if w.svc.cfg.BatchMax <= 1 {
 		return
 	}
-	for yielded := false; ; {
-		select {
-		case d, ok := <-w.deliveries:
-			if !ok {
-				return // seen again at the next receive
-			}
-			w.take(d)
-			yielded = false
-			continue
-		default:
-		}
-		if yielded {
+	for {
+		d, ok := w.loop.arrived()
+		if !ok {
 			return
 		}
-		runtime.Gosched()
-		yielded = true
+		w.take(d)
 	}
 }
 
-// take decodes d and hands it to the core. A panic while decoding is
-// recovered as ClassPanic: the core dead-letters the message, or holds it
-// in place when the queue's last dead letter was a panic too with nothing
-// applied since (core.work).
+// take hands d to the core with what the shell knows of it: its size, and
+// whether its first producer is on the allow-list (judged, and stamped in
+// the headers, before anything reads them: a dead letter's copy carries
+// who sent it). The core decides whether it is decoded. A panic while
+// decoding is recovered as ClassPanic.
 func (w *worker) take(d amqp.Delivery) {
-	// The first producer is judged, and stamped in the headers, before
-	// anything reads them: a dead letter's copy carries who sent it.
-	var unauthorized error
-	d.Headers, unauthorized = w.svc.cfg.Producers.Admit(d.UserId, d.Headers)
+	var refused error
+	d.Headers, refused = w.svc.cfg.Producers.Admit(d.UserId, d.Headers)
 	h := &delivery{d: d, start: w.now()}
 	if t := w.svc.cfg.Tracer; t != nil {
 		_, h.span = w.startDelivery(t, d)
@@ -219,26 +191,26 @@ func (w *worker) take(d amqp.Delivery) {
 		w.held = map[uint64]*delivery{}
 	}
 	w.held[d.DeliveryTag] = h
-	s := &slot{Tag: d.DeliveryTag}
-	if unauthorized != nil { // never decoded, never applied
-		s.Err = unauthorized
-	} else if max := w.svc.cfg.MaxBodyBytes; max > 0 && len(d.Body) > max {
-		s.Err = event.Poison(fmt.Errorf("body of %d bytes is over MAX_BODY_BYTES (%d): not decoded", len(d.Body), max))
-	} else {
-		s.Event, s.Err = w.decode(d)
+	s := &slot{Tag: d.DeliveryTag, Size: len(d.Body), Refused: refused}
+	if w.core.deliver(s) {
+		ev, err := w.decode(d)
+		w.core.decoded(s, ev, err)
 	}
-	s.Class = event.ClassOf(context.Background(), s.Err)
-	w.core.deliver(s)
 }
 
-// decode decodes d; a panic is a ClassPanic error.
+// decode decodes d with the worker's decoder; a panic is a ClassPanic
+// error.
 func (w *worker) decode(d amqp.Delivery) (ev event.Event, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = w.panicked(d.MessageId, p)
 		}
 	}()
-	ev, err = event.Decode(d.Body, d.MessageId, d.Type)
+	decode := w.decoder
+	if decode == nil {
+		decode = event.Decode
+	}
+	ev, err = decode(d.Body, d.MessageId, d.Type)
 	if err == nil {
 		ev.Message = event.Message{RoutingKey: d.RoutingKey, Body: d.Body, Headers: d.Headers,
 			MessageID: d.MessageId, ContentType: d.ContentType}
@@ -256,7 +228,7 @@ func (w *worker) exec(cmd command) error {
 		w.core.applied(outs, err, event.ClassOf(w.session, err))
 		w.unblock()
 	case cmdCopy:
-		f, err := w.copy(cmd.Slots[0])
+		f, err := w.copy(cmd.Slots[0], cmd.Force)
 		w.core.copied(f, err)
 		w.unblock()
 	case cmdPark:
@@ -309,7 +281,8 @@ func (w *worker) open(prefetch int) error {
 	if err != nil {
 		return fmt.Errorf("consume %s: %w", w.queue, err)
 	}
-	w.ch, w.closed, w.deliveries = ch, closed, deliveries
+	w.ch = ch
+	w.loop = &amqpLoop{deliveries: deliveries, closed: closed}
 	return nil
 }
 
@@ -363,10 +336,6 @@ func (w *worker) settled(settled []settlement, sendErr error) {
 		}
 	}
 }
-
-// errReturned is the outcome of a delivery that went back to its queue
-// unapplied because the session ended or one before it went back.
-var errReturned = errors.New("returned to the queue unapplied, in order")
 
 // eventID names s's event: the body's eventId when it could be read, which
 // is authoritative even when it is poison, else the message_id property.

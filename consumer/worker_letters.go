@@ -13,24 +13,24 @@ import (
 
 // copy publishes a copy of s with the failure headers to the dead-letter
 // exchange and waits for the broker's confirm, and reports what became of
-// it; the core decides what follows (core.copied). While a broker alarm
-// blocks publishing (and the applier can park the letter), nothing is
-// published: the core has it parked instead. So it is while an earlier
-// publish of it, which an alarm cut short, awaits its answer.
-func (w *worker) copy(s *slot) (copyFact, error) {
+// it; the core decides what follows (core.copied). Unless force, nothing
+// is published while a broker alarm blocks publishing (factAlarm), and an
+// alarm that starts while the confirm is awaited cuts the wait short
+// (factAlarm too): the publish's answer is kept, and the next copy of s
+// reports it (factAnswered) instead of publishing again, or, while it has
+// not come, factAlarm.
+func (w *worker) copy(s *slot, force bool) (copyFact, error) {
 	h := w.held[s.Tag]
 	if h.abandoned != nil { // an alarm cut an earlier publish of it short
 		select {
 		case err := <-h.abandoned:
 			h.abandoned = nil
-			if err == nil {
-				return factConfirmed, nil
-			}
+			return factAnswered, err
 		default:
-			return factAlarm, nil // parked, held back until the answer comes
+			return factAlarm, nil
 		}
 	}
-	if w.parker != nil && w.letters.alarmed() {
+	if !force && w.letters.alarmed() {
 		return factAlarm, nil
 	}
 	msg := dlq.Copy(h.d, dlq.Failure{
@@ -40,7 +40,7 @@ func (w *worker) copy(s *slot) (copyFact, error) {
 		Instance: w.svc.cfg.Instance,
 		At:       w.now(),
 	})
-	err := w.letters.publish(w.session, dlq.Exchange(w.svc.cfg.Topology.Prefix), h.d.RoutingKey, msg)
+	err := w.letters.publish(w.session, dlq.Exchange(w.svc.cfg.Topology.Prefix), h.d.RoutingKey, msg, force)
 	switch {
 	case err == nil:
 		return factConfirmed, nil
