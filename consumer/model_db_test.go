@@ -178,7 +178,7 @@ func (a *mapp) attempt(ctx context.Context, evs []event.Event) (outs []event.Out
 		default:
 			for _, o := range outs {
 				if o.Err == nil {
-					rp.blame = true // something was applied
+					rp.blame, rp.mayBug = true, true // something was applied
 				}
 			}
 		}
@@ -203,7 +203,7 @@ func (a *mapp) Park(ctx context.Context, l event.OutboxLetter) error {
 	}
 	a.s.logf("r%d parks the letter of %s (held: %v)", a.rp.id, l.EventID, l.Abandoned != nil)
 	a.rp.alarmCopies = 0
-	a.s.b.blame(a.s.db.byID[l.MessageID], l.Class, a.rp.gen)
+	a.s.b.blame(a.s.db.byID[l.MessageID], l.Class, &a.rp.mayBug)
 	p := &parkedLetter{l: l, gen: a.rp.gen, held: l.Abandoned != nil}
 	a.s.db.parked = append(a.s.db.parked, p)
 	return nil

@@ -54,6 +54,7 @@ type replica struct {
 	// blame: no panic's letter was tried since something was applied, so
 	// a lone panic that reaches the limit must be dead-lettered.
 	blame      bool
+	mayBug     bool           // a bug that panics on every message may cost one innocent's letter: nothing since applied
 	lonePanics map[string]int // attempts of one event alone that panicked, by event id
 }
 
@@ -134,7 +135,7 @@ func (s *sim) start(rp *replica) {
 	rp.gen = s.gens
 	rp.running, rp.ended, rp.sinceEnd, rp.armed = true, false, 0, false
 	rp.channelGone, rp.cancelNotice, rp.cancelSeen, rp.alarmCopies = false, false, false, 0
-	rp.failedCmd, rp.lastCall, rp.waitApply, rp.waitLetter, rp.blame = "", "", false, false, true
+	rp.failedCmd, rp.lastCall, rp.waitApply, rp.waitLetter, rp.blame, rp.mayBug = "", "", false, false, true, true
 	rp.nacked, rp.lonePanics = map[int]string{}, map[string]int{}
 	app := &mapp{s: s, rp: rp}
 	producers, _ := NewProducers("producer", "")
@@ -555,7 +556,7 @@ func (l *mletters) publish(ctx context.Context, exchange, key string, msg amqp.P
 	k, _ := msg.Headers["x-model-delivery"].(int64)
 	m := s.db.byID[msg.MessageId]
 	p := &publishing{m: m, key: int(k), class: class, gen: rp.gen, answer: make(chan error, 1)}
-	s.b.blame(m, class, rp.gen)
+	s.b.blame(m, class, &rp.mayBug)
 	if s.b.alarm {
 		l.stall()
 		s.b.inflight = append(s.b.inflight, p) // held until the alarm passes
@@ -704,15 +705,9 @@ func (s *sim) disrupt() {
 	case 10:
 		s.db.bug = !s.db.bug
 		s.logf("a bug panics on every message=%v", s.db.bug)
-		if s.db.bug {
-			clear(s.b.bugByGen) // each worker may dead-letter one message of this bug
-		}
 	case 11:
 		s.decodeBug = !s.decodeBug
 		s.logf("a bug panics on every decode=%v", s.decodeBug)
-		if s.decodeBug {
-			clear(s.b.bugByGen)
-		}
 	case 12: // the dead-letter connection drops on its own
 		if rp.running {
 			s.logf("r%d's dead-letter connection drops", rp.id)

@@ -136,7 +136,6 @@ type broker struct {
 	dlq       map[string]int // letters by event id
 	perKey    map[int]int    // letters by delivery
 	mayTwice  map[int]bool   // deliveries whose letter may be there twice (a publish cut short, then the process or session gone)
-	bugByGen  map[int]int    // letters of innocent messages by worker, while a bug panicked on every message
 	deliveryN int
 	rejecter  *replica // whose reject is being settled
 	alarm     bool
@@ -256,16 +255,17 @@ func (b *broker) letter(m *mmsg, key int, class string) {
 	}
 }
 
-// blame: worker gen decided to dead-letter m as class. A bug that panics
-// on every message may make it blame one of them per worker, never more.
-func (b *broker) blame(m *mmsg, class string, gen int) {
+// blame: a worker decided to dead-letter m as class. A bug that panics on
+// every message may make it blame one of them, but no second one until it
+// has applied something since (may: whether it still may).
+func (b *broker) blame(m *mmsg, class string, may *bool) {
 	if m.kind.causedByMessage() || m.bugged {
 		return
 	}
-	if class != string(event.ClassPanic) || !b.db.bugSeen || b.bugByGen[gen] > 0 {
+	if class != string(event.ClassPanic) || !b.db.bugSeen || !*may {
 		b.t.Fatalf("event %d (%v) dead-lettered (%s) though the message did not cause it", m.seq, m.kind, class)
 	}
-	b.bugByGen[gen]++
+	*may = false
 	m.bugged = true
 }
 
@@ -476,7 +476,7 @@ func play(ft *fatalT, sc schedule) {
 	r := rand.New(rand.NewPCG(sc.seed, 1))
 	db := newMDB()
 	b := &broker{ver: sc.ver, limit: defaultDeliveryLimit, dlq: map[string]int{}, perKey: map[int]int{},
-		mayTwice: map[int]bool{}, bugByGen: map[int]int{}, db: db}
+		mayTwice: map[int]bool{}, db: db}
 	b.r = r
 	s := &sim{r: r, b: b, db: db, batchMax: sc.batchMax, linger: r.IntN(3) == 0, maxBody: 400 + r.IntN(200),
 		stuck: map[string]bool{}, ft: ft}
