@@ -66,7 +66,10 @@ import (
 //     since its last such dead letter: a bug that hits every message
 //     dead-letters at most one, then holds the queue, visibly. A panic
 //     while decoding is dead-lettered at once on the same terms, and held
-//     in place, for as long as it takes, when they do not hold.
+//     in place, for as long as it takes, when they do not hold. Any
+//     panic's letter spends the blame, whether copied, parked or refused,
+//     and waits for the deliveries pending before it: one of them may
+//     take the blame first.
 //   - A failure of the environment always waits its backoff before the
 //     next attempt.
 //   - The core never returns a message by itself with Nack or Reject: only
