@@ -136,16 +136,11 @@ func Migrate(ctx context.Context, db *sqlx.DB, migrations fs.FS) ([]string, erro
 		}
 		todo := missing(all, done)
 		if len(todo) > 0 && !newer(all, done) {
-			early, err := staleFunctions(ctx, tx, earlyOnes(fns))
+			files, err := applyStale(ctx, tx, earlyOnes(fns))
 			if err != nil {
 				return err
 			}
-			for _, f := range early {
-				if err := applyFunction(ctx, tx, f); err != nil {
-					return err
-				}
-				applied = append(applied, f.file)
-			}
+			applied = append(applied, files...)
 		}
 		for _, name := range todo {
 			m := byName[name]
@@ -165,22 +160,31 @@ func Migrate(ctx context.Context, db *sqlx.DB, migrations fs.FS) ([]string, erro
 		if newer(all, done) {
 			return nil
 		}
-		stale, err := staleFunctions(ctx, tx, fns)
-		if err != nil {
-			return err
-		}
-		for _, f := range stale {
-			if err := applyFunction(ctx, tx, f); err != nil {
-				return err
-			}
-			applied = append(applied, f.file)
-		}
-		return nil
+		files, err := applyStale(ctx, tx, fns)
+		applied = append(applied, files...)
+		return err
 	})
 	if err != nil {
 		return nil, err
 	}
 	return applied, nil
+}
+
+// applyStale applies the functions of fns that are not as their files make
+// them, in fns' order, and returns their files.
+func applyStale(ctx context.Context, tx *sqlx.Tx, fns []function) ([]string, error) {
+	stale, err := staleFunctions(ctx, tx, fns)
+	if err != nil {
+		return nil, err
+	}
+	var files []string
+	for _, f := range stale {
+		if err := applyFunction(ctx, tx, f); err != nil {
+			return files, err
+		}
+		files = append(files, f.file)
+	}
+	return files, nil
 }
 
 // earlyOnes returns the functions of fns made before the numbered
