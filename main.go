@@ -39,7 +39,11 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	if err := run(ctx, os.Args[1:]); err != nil {
+	err := run(ctx, os.Args[1:])
+	// Before the exit: the cancel requests of queries that shutdown ended
+	// (db.WaitForSockets says why).
+	db.WaitForSockets(5 * time.Second)
+	if err != nil {
 		if cli.Found(err) {
 			os.Exit(cli.ExitFound) // reconcile: its report says what it found
 		}

@@ -62,6 +62,7 @@ func OpenFrom(ctx context.Context, src Source, maxConns int, opts ...Option) (*s
 type connector struct {
 	src   Source
 	watch *ReplicationWatch // nil: none
+	dial  pq.Dialer         // nil: sockets (tests count what goes through theirs)
 }
 
 func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
@@ -76,6 +77,11 @@ func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 	pc, err := pq.NewConnector(dsn.Driver())
 	if err != nil {
 		return nil, fmt.Errorf("lib/pq does not accept the database URL%s", reasonWithoutSecret(err, raw))
+	}
+	if c.dial != nil {
+		pc.Dialer(c.dial)
+	} else {
+		pc.Dialer(&sockets)
 	}
 	dc, err := pc.Connect(ctx)
 	if err != nil {

@@ -252,6 +252,14 @@ logfile = %s
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
 	t.Cleanup(func() {
+		select {
+		case <-exited:
+			// It stopped before the test let it go: say what it said.
+			log, _ := os.ReadFile(filepath.Join(dir, "pgbouncer.log"))
+			t.Errorf("PgBouncer exited during the test: %s\n%s", out.String(), lastLines(string(log), 30))
+			return
+		default:
+		}
 		cmd.Process.Signal(syscall.SIGINT)
 		select {
 		case <-exited:
@@ -328,4 +336,10 @@ func (b *bystander) stop() (queries, cancelled int64) {
 	}
 	b.wg.Wait()
 	return b.queries.Load(), b.cancelled.Load()
+}
+
+// lastLines returns the last n lines of s.
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
