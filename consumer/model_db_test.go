@@ -155,7 +155,7 @@ func (a *mapp) attempt(ctx context.Context, evs []event.Event) (outs []event.Out
 	}
 	if ctx.Err() != nil {
 		s.logf("r%d: the attempt is cancelled", rp.id)
-		return nil, errors.New("canceling statement due to user request")
+		return nil, errors.New("canceling statement due to statement timeout")
 	}
 	defer func() {
 		p := recover()

@@ -6,7 +6,9 @@ import (
 	"database/sql/driver"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -27,9 +29,9 @@ func NewInbox(db *sqlx.DB) *Inbox { return &Inbox{db: db} }
 
 // Apply claims ev.ID in the inbox and applies its effect in the same local
 // transaction, then commits. The work is one call of the apply_event
-// function (sql/functions/apply_event.sql), so an event costs four round
-// trips: BEGIN, the call (sent unnamed: its parse, then its execution; see
-// Lane), COMMIT.
+// function (sql/functions/apply_event.sql), sent with its transaction's
+// settings in one Query message: an event costs one round trip (see Lane
+// and run).
 //
 // The claim comes first and is an INSERT, not a lookup: two deliveries of one
 // event racing each other both try to insert, the primary key lets exactly
@@ -56,22 +58,20 @@ func (in *Inbox) Apply(ctx context.Context, ev event.Event) (event.Result, error
 
 // Lane returns an event.Lane (the consumer's Lanes port): it applies one
 // worker's events, one at a time, on a connection it keeps between them,
-// and bounds each attempt by timeout itself (0: only by the context given
-// to Apply).
+// and bounds each attempt by timeout on the server (0: by the role's
+// statement_timeout, if it has one), and by the context given to Apply.
 //
 // Nothing a lane does outlives a transaction on the server, so it works the
 // same against PostgreSQL, behind PgBouncer in session mode and behind
 // PgBouncer in transaction mode, where each transaction may run on another
-// server connection: its statement is sent unnamed, never prepared by name
-// to be found again later, and an attempt that runs out of time, or whose
-// context ends, is cancelled by lib/pq's own cancel request, which carries
-// the client connection's key (PgBouncer forwards it to the server
-// connection that client holds at that moment), never by a server process
-// id read earlier. The cancel watches the statement alone: lib/pq sends it
-// only while the statement runs and then closes the connection, so it can
-// reach no other statement, and the COMMIT, which a cancel must never
-// interrupt, is sent on a connection no cancel was sent for or not at all
-// (the attempt is then rolled back and retried in place).
+// server connection: an attempt is one Query message that is its own
+// transaction, with its isolation and its statement_timeout set inside it
+// (run), never prepared by name to be found again later. The timeout is
+// the server's, which ends the work and never the commit; the lane sends no
+// cancel request at all, so none can reach a commit that waits for a
+// synchronous standby. When the context given to Apply ends, the lane
+// closes its connection instead, and the server ends the statement at its
+// timeout.
 func (in *Inbox) Lane(timeout time.Duration) event.Lane {
 	return &lane{in: in, timeout: timeout}
 }
@@ -90,18 +90,25 @@ type lane struct {
 	in      *Inbox
 	timeout time.Duration
 
-	conn *sqlx.Conn // kept between events; nil until needed and after a failure
-	raw  io.Closer  // conn's driver connection, closed directly only by discard
+	head    string // prologue's text
+	conn    *sqlx.Conn
+	watched context.Context // the context whose end closes conn (watch)
+	unwatch func() bool
 
-	// inTransaction, when set (by tests), runs in each transaction after
-	// its statement, before the commit: where a panic holds the claims
-	// and locks the statement took.
-	inTransaction func()
+	// mu guards what abort, run from another goroutine, touches.
+	mu      sync.Mutex
+	raw     io.Closer // conn's driver connection, closed directly by abort and discard
+	pc      *conn     // the same, as the pool's wrapper (admit); nil for another driver's
+	aborted bool      // the watched context ended: conn was closed underneath
+
+	// beforeSend, when set (by tests), runs in each attempt once its
+	// statement is written, before a connection is taken.
+	beforeSend func()
 }
 
 func (l *lane) Apply(ctx context.Context, ev event.Event) (event.Result, error) {
 	var outcome string
-	if err := l.run(ctx, applyEventSQL, eventArgs(ev), &outcome); err != nil {
+	if err := l.run(ctx, "apply_event", eventArgs(ev), &outcome); err != nil {
 		return event.Result{}, fmt.Errorf("apply event %s: %w", ev.ID, translate(err))
 	}
 	o := result(ev, outcome)
@@ -118,7 +125,7 @@ func (l *lane) Apply(ctx context.Context, ev event.Event) (event.Result, error) 
 // batch. It implements consumer.BatchLane.
 func (l *lane) ApplyBatch(ctx context.Context, evs []event.Event) ([]event.Outcome, error) {
 	var outcomes pq.StringArray
-	if err := l.run(ctx, applyBatchSQL, batchArgs(evs), &outcomes); err != nil {
+	if err := l.run(ctx, "apply_batch", batchArgs(evs), &outcomes); err != nil {
 		return nil, fmt.Errorf("apply a batch of %d events from %s: %w", len(evs), evs[0].ID, translate(err))
 	}
 	if len(outcomes) != len(evs) {
@@ -147,11 +154,6 @@ func result(ev event.Event, outcome string) event.Outcome {
 	}
 	return event.Outcome{Err: fmt.Errorf("apply event %s: unexpected outcome %q", ev.ID, outcome)}
 }
-
-const (
-	applyEventSQL = `SELECT apply_event($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`
-	applyBatchSQL = `SELECT apply_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`
-)
 
 // message is what a transition keeps of its delivery, in case it waits for
 // its creation and then contradicts it (apply_effect, in
@@ -205,56 +207,108 @@ func batchArgs(evs []event.Event) []any {
 		pq.Array(keys), pq.ByteaArray(bodies), pq.Array(headers), pq.Array(msgIDs), pq.Array(contentTypes)}
 }
 
-// run runs one transaction on the lane's connection: the statement query
-// with args, its one value scanned into dest.
-func (l *lane) run(ctx context.Context, query string, args []any, dest any) error {
+// run applies one attempt on the lane's connection: the call of fn with
+// args, its one value scanned into dest. The attempt is one Query message
+// and its answer, one round trip (adr/0005, "One round trip"):
+//
+//	SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
+//	SET LOCAL statement_timeout = <the lane's timeout, in ms>;
+//	SELECT fn(<args, as literals>)
+//
+// PostgreSQL runs the three statements of one Query message as one
+// transaction and commits it after the last, and it disarms
+// statement_timeout before that commit: the timeout bounds the work, never
+// the commit's wait for a synchronous standby, which no cancel may cut
+// short (a cancelled wait reports success for a commit that is only
+// local). Nothing of it outlives the transaction on the server, so it
+// works the same behind PgBouncer in transaction mode.
+//
+// The statement runs under no context, so neither lib/pq nor database/sql
+// starts a goroutine to watch it. When ctx ends (the worker's shutdown), the
+// lane closes its connection instead (watch): the attempt fails, unacked,
+// and its message goes back to the queue; a commit under way completes on
+// the server or not at all, and the inbox absorbs the redelivery either way.
+func (l *lane) run(ctx context.Context, fn string, args []any, dest any) error {
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	var q strings.Builder
+	q.WriteString(l.prologue())
+	if err := inlineCall(&q, fn, args); err != nil {
+		return err
+	}
+	if l.beforeSend != nil {
+		l.beforeSend()
 	}
 	if l.conn == nil {
 		if err := l.pin(ctx); err != nil {
 			return err
 		}
 	}
-	attempt := ctx
-	if l.timeout > 0 {
-		var cancel context.CancelFunc
-		attempt, cancel = context.WithTimeout(ctx, l.timeout)
-		defer cancel()
+	if l.pc != nil {
+		if err := l.pc.admit(); err != nil {
+			l.unpin()
+			return err
+		}
 	}
+	l.watch(ctx)
 	finished := false
 	defer func() {
 		if !finished {
-			// The transaction panicked, and inTx rolled it back as far as
-			// it could: the connection goes.
+			// A panic inside database/sql or the driver, which may keep
+			// the connection taken for good: the connection goes.
 			l.discard()
 		}
 	}()
-	// BEGIN and COMMIT run under a context that is never cancelled: only
-	// the statement is.
-	quiet := context.WithoutCancel(ctx)
-	err := inTx(quiet, l.conn, func(tx *sqlx.Tx) error {
-		if err := tx.QueryRowContext(attempt, query, args...).Scan(dest); err != nil {
-			return err
-		}
-		if l.inTransaction != nil {
-			l.inTransaction()
-		}
-		return nil
-	})
+	err := l.conn.QueryRowContext(context.Background(), q.String()).Scan(dest)
 	finished = true
 	switch {
 	case err != nil:
-		// A fresh connection is simpler to trust than one that failed in a
-		// transaction (lib/pq has closed one it sent a cancel for).
+		// A fresh connection is simpler to trust than one that failed.
 		l.unpin()
-		if attempt.Err() != nil && ctx.Err() == nil {
-			err = fmt.Errorf("%w (cancelled after %s)", err, l.timeout)
-		}
 	case !l.in.keepConns():
 		l.unpin()
 	}
 	return err
+}
+
+// prologue is what each attempt sends before its call: the transaction's
+// isolation and, for a lane with a timeout, its statement_timeout. Written
+// once per lane.
+func (l *lane) prologue() string {
+	if l.head == "" {
+		l.head = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE; "
+		if l.timeout > 0 {
+			ms := max(l.timeout.Milliseconds(), 1)
+			l.head += "SET LOCAL statement_timeout = " + strconv.FormatInt(ms, 10) + "; "
+		}
+	}
+	return l.head
+}
+
+// watch makes sure that the end of ctx closes the lane's connection, with
+// one context.AfterFunc for each context the lane is given (the worker
+// gives the same one every time), not one per attempt.
+func (l *lane) watch(ctx context.Context) {
+	if ctx == l.watched {
+		return
+	}
+	if l.unwatch != nil {
+		l.unwatch()
+	}
+	l.watched, l.unwatch = ctx, context.AfterFunc(ctx, l.abort)
+}
+
+// abort closes the connection under the attempt running on it, if any:
+// lib/pq's read returns an error at once. The connection is never used
+// again (unpin).
+func (l *lane) abort() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.aborted = true
+	if l.raw != nil {
+		l.raw.Close()
+	}
 }
 
 // pin takes a connection for the lane, within the lane's timeout.
@@ -264,26 +318,45 @@ func (l *lane) pin(ctx context.Context) error {
 		ctx, cancel = context.WithTimeout(ctx, l.timeout)
 		defer cancel()
 	}
-	conn, err := l.in.db.Connx(ctx)
+	c, err := l.in.db.Connx(ctx)
 	if err != nil {
 		return err
 	}
-	conn.Raw(func(dc any) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c.Raw(func(dc any) error {
 		l.raw, _ = dc.(io.Closer)
+		l.pc, _ = dc.(*conn)
 		return nil
 	})
-	l.conn = conn
+	l.conn = c
+	if l.aborted && l.raw != nil {
+		// ctx ended while the connection was taken: abort found none.
+		l.raw.Close()
+	}
 	return nil
 }
 
+// unpin gives the lane's connection back: to the pool, or, when abort
+// closed it underneath, to be closed for good.
 func (l *lane) unpin() {
-	l.conn.Close()
-	l.conn, l.raw = nil, nil
+	l.mu.Lock()
+	conn, aborted := l.conn, l.aborted
+	l.conn, l.raw, l.pc = nil, nil, nil
+	l.mu.Unlock()
+	if aborted {
+		conn.Raw(func(any) error { return driver.ErrBadConn }) // the pool closes it
+	}
+	conn.Close()
 }
 
 // Close returns the lane's connection to the pool; the lane is not used
 // again. A second Close does nothing.
 func (l *lane) Close() {
+	if l.unwatch != nil {
+		l.unwatch()
+		l.unwatch, l.watched = nil, nil
+	}
 	if l.conn != nil {
 		l.unpin()
 	}
@@ -298,8 +371,10 @@ func (l *lane) Close() {
 // released anyway: the server (or PgBouncer, for a client that leaves in a
 // transaction) then ends the transaction and releases what it held.
 func (l *lane) discard() {
+	l.mu.Lock()
 	conn, raw := l.conn, l.raw
-	l.conn, l.raw = nil, nil
+	l.conn, l.raw, l.pc = nil, nil, nil
+	l.mu.Unlock()
 	if conn == nil {
 		return
 	}

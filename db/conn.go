@@ -21,7 +21,8 @@ import (
 //     one, retried in place (adr/0002). A server that is gone is lib/pq's
 //     own case: it marks the connection bad on a broken socket.
 //   - with a ReplicationWatch that refuses (REQUIRE_SYNC_STANDBY and no
-//     synchronous standby), every transaction is refused before it begins.
+//     synchronous standby), every transaction is refused before it begins
+//     (admit).
 type conn struct {
 	pc      driver.Conn // lib/pq's
 	watch   *ReplicationWatch
@@ -75,9 +76,20 @@ func (c *conn) Begin() (driver.Tx, error) {
 	return c.BeginTx(context.Background(), driver.TxOptions{})
 }
 
-func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+// admit returns the watch's refusal of a transaction on c, if it refuses
+// one now, and then has the pool close c when it comes back: it is checked
+// again, on a new connection, when the refusal ends. BeginTx asks it, and
+// so does a lane before each attempt, which needs no BEGIN.
+func (c *conn) admit() error {
 	if err := c.watch.refusal(); err != nil {
-		c.refused.Store(true) // checked again, on a new connection, when the refusal ends
+		c.refused.Store(true)
+		return err
+	}
+	return nil
+}
+
+func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	if err := c.admit(); err != nil {
 		return nil, err
 	}
 	tx, err := c.pc.(driver.ConnBeginTx).BeginTx(ctx, opts)

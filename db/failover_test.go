@@ -126,6 +126,13 @@ func TestReplicationWatch(t *testing.T) {
 		if require != errors.Is(err, ErrNoSyncStandby) {
 			t.Errorf("require=%v: a transaction = %v", require, err)
 		}
+		// A lane's attempt, which sends no BEGIN, is refused all the same.
+		l := NewInbox(database).Lane(5 * time.Second)
+		_, err = l.Apply(context.Background(), newEvent(t, newID(), event.TransferCreated, newID(), "acc_w", "acc_x", 5))
+		l.Close()
+		if require != errors.Is(err, ErrNoSyncStandby) {
+			t.Errorf("require=%v: an event applied by a lane = %v", require, err)
+		}
 		if require {
 			// A standby named (as Patroni's synchronous_mode does): the
 			// refusal ends, said once. (The server itself is left alone:

@@ -55,11 +55,12 @@ func TestInTxRollsBackWhenItsFunctionPanics(t *testing.T) {
 	}
 }
 
-// A lane whose transaction panicked after apply_event took the event's
-// claim, the transfer's advisory lock and the balance rows holds nothing:
-// no session idle in transaction keeps them, another lane applies the
-// event at once, and the lane itself applies again and closes promptly.
-func TestLaneWhoseTransactionPanickedHoldsNothing(t *testing.T) {
+// A lane whose attempt panicked, once its statement was written and its
+// connection kept from an earlier event, holds nothing: no session idle in
+// transaction, another lane applies the event at once, and the lane itself
+// applies again and closes promptly. (An attempt is one Query message, so
+// no Go code of the service runs inside its transaction.)
+func TestLaneWhoseAttemptPanickedHoldsNothing(t *testing.T) {
 	for _, batch := range []bool{false, true} {
 		name := "event"
 		if batch {
@@ -69,9 +70,13 @@ func TestLaneWhoseTransactionPanickedHoldsNothing(t *testing.T) {
 			database := testDB(t, 6)
 			in := NewInbox(database)
 			ctx := context.Background()
-			ev := newEvent(t, newID(), event.TransferCreated, newID(), "acc_a", "acc_b", 700)
 			l := in.Lane(10 * time.Second).(*lane)
-			l.inTransaction = func() { panic(boom{"in the transaction"}) }
+			first := newEvent(t, newID(), event.TransferCreated, newID(), "acc_e", "acc_f", 1)
+			if _, err := l.Apply(ctx, first); err != nil || l.conn == nil {
+				t.Fatalf("a first event: %v (connection kept: %v)", err, l.conn != nil)
+			}
+			ev := newEvent(t, newID(), event.TransferCreated, newID(), "acc_a", "acc_b", 700)
+			l.beforeSend = func() { panic(boom{"in the attempt"}) }
 			p := func() (p any) {
 				defer func() { p = recover() }()
 				if batch {
@@ -81,18 +86,18 @@ func TestLaneWhoseTransactionPanickedHoldsNothing(t *testing.T) {
 				}
 				return nil
 			}()
-			if p != (boom{"in the transaction"}) {
-				t.Fatalf("the caller recovered %v, want the transaction's own panic", p)
+			if p != (boom{"in the attempt"}) {
+				t.Fatalf("the caller recovered %v, want the attempt's own panic", p)
 			}
-			l.inTransaction = nil
+			l.beforeSend = nil
 			waitFor(t, 5*time.Second, "no session idle in transaction", func() bool { return idleInTransaction(t, database) == 0 })
 
-			// Another lane finds the claim and the locks free.
+			// Another lane finds no claim and no lock.
 			other := in.Lane(5 * time.Second)
 			defer other.Close()
 			res, err := other.Apply(ctx, ev)
 			if err != nil || res.Duplicate {
-				t.Fatalf("another lane applying the event: %+v, %v; want it applied, the panicked claim gone", res, err)
+				t.Fatalf("another lane applying the event: %+v, %v; want it applied", res, err)
 			}
 			lanePanicked(t, database, l, ev, true)
 		})
@@ -124,21 +129,16 @@ func lanePanicked(t *testing.T, database *sqlx.DB, l *lane, ev event.Event, dupl
 	}
 }
 
-// panicValuer panics when database/sql converts it to a statement's
-// argument, inside database/sql, which then never gives the transaction's
-// connection back.
+// panicValuer panics when it is turned into a statement's argument.
 type panicValuer struct{}
 
-func (panicValuer) Value() (driver.Value, error) { panic(boom{"in database/sql"}) }
+func (panicValuer) Value() (driver.Value, error) { panic(boom{"in an argument"}) }
 
-// A panic inside database/sql, between BEGIN and the statement, still
-// reaches the caller within a deadline, and the lane ends the session it
-// cannot roll back: none is left idle in transaction, and the lane applies
-// again on a new connection and closes promptly.
-func TestLaneWhoseDriverCallPanickedHoldsNothing(t *testing.T) {
+// A panic while an attempt's arguments are written reaches the caller
+// within a deadline, and leaves nothing behind: none is left idle in
+// transaction, and the lane applies again and closes promptly.
+func TestLaneWhoseArgumentPanickedHoldsNothing(t *testing.T) {
 	database := testDB(t, 6)
-	defer func(wait time.Duration) { rollbackWait = wait }(rollbackWait)
-	rollbackWait = 500 * time.Millisecond
 	in := NewInbox(database)
 	ev := newEvent(t, newID(), event.TransferCreated, newID(), "acc_c", "acc_d", 300)
 	l := in.Lane(10 * time.Second).(*lane)
@@ -148,12 +148,12 @@ func TestLaneWhoseDriverCallPanickedHoldsNothing(t *testing.T) {
 	if !returnsWithin(10*time.Second, func() {
 		defer func() { p = recover() }()
 		var outcome string
-		_ = l.run(context.Background(), applyEventSQL, args, &outcome)
+		_ = l.run(context.Background(), "apply_event", args, &outcome)
 	}) {
 		t.Fatal("the panic did not reach the caller within 10s")
 	}
-	if p != (boom{"in database/sql"}) {
-		t.Fatalf("the caller recovered %v, want the panic from database/sql", p)
+	if p != (boom{"in an argument"}) {
+		t.Fatalf("the caller recovered %v, want the argument's panic", p)
 	}
 	waitFor(t, 5*time.Second, "no session idle in transaction", func() bool { return idleInTransaction(t, database) == 0 })
 	lanePanicked(t, database, l, ev, false)

@@ -387,7 +387,7 @@ func TestApplyTimeoutCancelsTheStatementAndRetriesInPlace(t *testing.T) {
 	waitFor(t, 30*time.Second, "three attempts to time out", func() bool { return svc.retries.Load() >= 3 })
 	mu.Lock()
 	for _, msg := range retryErrs {
-		if !strings.Contains(msg, "canceling statement due to user request") {
+		if !strings.Contains(msg, "canceling statement due to statement timeout") {
 			t.Errorf("an attempt ended otherwise than cancelled on the server: %s", msg)
 		}
 	}

@@ -90,7 +90,7 @@ func behindPgBouncer(t *testing.T, mode string) {
 	// cancelled, over and over, on the pooler's shared connections.
 	base := proc.httpAddr()
 	waitFor(t, 30*time.Second, "attempts cancelled on the server at APPLY_TIMEOUT", func() bool {
-		return proc.countAnyContaining("err", "canceling statement due to user request") >= 1 &&
+		return proc.countAnyContaining("err", "canceling statement due to statement timeout") >= 1 &&
 			metricValue(getText(t, base+"/metrics"), "transferconsumer_db_retries_total") >= 3*queues
 	})
 	release()

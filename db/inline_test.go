@@ -1,0 +1,206 @@
+package db
+
+import (
+	"context"
+	"database/sql"
+	"math"
+	"math/rand/v2"
+	"net"
+	"runtime/metrics"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/lib/pq"
+
+	"transferconsumer/event"
+)
+
+// Each kind of argument an attempt sends comes back from the server as it
+// left, whatever its bytes, with standard_conforming_strings on and off:
+// text with quotes, backslashes, dollar quotes and statement ends in it,
+// bytes of every value, integers at their bounds, NULLs, and arrays of each.
+func TestInlineLiteralsReachTheServerUnchanged(t *testing.T) {
+	database := testDB(t, 2)
+	ctx := context.Background()
+	texts := []string{"", "'", "''", `\`, `\\'`, `\x41`, `E'\\'`, "$$", "$x$", "'); DROP TABLE balance_projection; --",
+		"a'b\\c\"d", "{", "}", `{"a","b"}`, "NULL", "null", "é漢字🙂", "line\nbreak\ttab\r", "\u00a0 \u2028"}
+	rng := rand.New(rand.NewPCG(7, 11))
+	for range 200 {
+		b := make([]byte, rng.IntN(40))
+		for i := range b {
+			b[i] = byte(1 + rng.IntN(127)) // no NUL: text cannot hold one
+		}
+		texts = append(texts, string(b))
+	}
+	blobs := [][]byte{{}, {0}, {'\''}, {'\\'}, []byte(`\x00'`)}
+	for range 50 {
+		b := make([]byte, rng.IntN(64))
+		for i := range b {
+			b[i] = byte(rng.IntN(256))
+		}
+		blobs = append(blobs, b)
+	}
+	ints := []int64{0, -1, 1, math.MaxInt64, math.MinInt64}
+
+	for _, scs := range []string{"on", "off"} {
+		conn, err := database.Connx(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		if _, err := conn.ExecContext(ctx, "SET standard_conforming_strings = "+scs); err != nil {
+			t.Fatal(err)
+		}
+		lit := func(v any) string {
+			var b strings.Builder
+			if err := writeLiteral(&b, v); err != nil {
+				t.Fatal(err)
+			}
+			return b.String()
+		}
+		for _, s := range texts {
+			if !utf8.ValidString(s) {
+				continue
+			}
+			var got sql.NullString
+			if err := conn.QueryRowxContext(ctx, "SELECT ("+lit(s)+")::text").Scan(&got); err != nil || !got.Valid || got.String != s {
+				t.Errorf("scs=%s: %q came back as %q (%v)", scs, s, got.String, err)
+			}
+		}
+		for _, b := range blobs {
+			var got []byte
+			if err := conn.QueryRowxContext(ctx, "SELECT ("+lit(b)+")::bytea").Scan(&got); err != nil || string(got) != string(b) {
+				t.Errorf("scs=%s: bytes %x came back as %x (%v)", scs, b, got, err)
+			}
+		}
+		for _, n := range ints {
+			var got int64
+			if err := conn.QueryRowxContext(ctx, "SELECT ("+lit(n)+")::bigint").Scan(&got); err != nil || got != n {
+				t.Errorf("scs=%s: %d came back as %d (%v)", scs, n, got, err)
+			}
+		}
+		var texts2 pq.StringArray
+		if err := conn.QueryRowxContext(ctx, "SELECT ("+lit(pq.Array(texts))+")::text[]").Scan(&texts2); err != nil || strings.Join(texts2, "\x00") != strings.Join(texts, "\x00") {
+			t.Errorf("scs=%s: an array of %d texts came back as %d (%v)", scs, len(texts), len(texts2), err)
+		}
+		var blobs2 pq.ByteaArray
+		if err := conn.QueryRowxContext(ctx, "SELECT ("+lit(pq.ByteaArray(blobs))+")::bytea[]").Scan(&blobs2); err != nil || len(blobs2) != len(blobs) {
+			t.Errorf("scs=%s: an array of %d byte strings came back as %d (%v)", scs, len(blobs), len(blobs2), err)
+		} else {
+			for i := range blobs {
+				if string(blobs2[i]) != string(blobs[i]) {
+					t.Errorf("scs=%s: array element %d %x came back as %x", scs, i, blobs[i], blobs2[i])
+				}
+			}
+		}
+		var ints2 pq.Int64Array
+		if err := conn.QueryRowxContext(ctx, "SELECT ("+lit(pq.Array(ints))+")::bigint[]").Scan(&ints2); err != nil || len(ints2) != len(ints) || ints2[3] != math.MaxInt64 || ints2[4] != math.MinInt64 {
+			t.Errorf("scs=%s: %v came back as %v (%v)", scs, ints, ints2, err)
+		}
+		var isNull [4]bool
+		if err := conn.QueryRowxContext(ctx, "SELECT "+lit(nil)+"::text IS NULL, "+lit((*string)(nil))+"::text IS NULL, "+
+			lit([]byte(nil))+"::bytea IS NULL, "+lit(sql.NullString{})+"::text IS NULL").Scan(&isNull[0], &isNull[1], &isNull[2], &isNull[3]); err != nil || isNull != [4]bool{true, true, true, true} {
+			t.Errorf("scs=%s: NULLs came back as %v (%v)", scs, isNull, err)
+		}
+	}
+	var b strings.Builder
+	if err := writeLiteral(&b, 1.5); err == nil {
+		t.Errorf("a float64 was written as %s, want it refused", b.String())
+	}
+}
+
+// goroutinesCreated is how many goroutines the process has started.
+func goroutinesCreated() uint64 {
+	s := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+// countingDialer counts the writes its connections make: with lib/pq, one
+// per message batch the client sends before it waits for an answer.
+type countingDialer struct{ writes atomic.Int64 }
+
+func (d *countingDialer) Dial(network, address string) (net.Conn, error) {
+	return d.DialTimeout(network, address, 0)
+}
+
+func (d *countingDialer) DialTimeout(network, address string, timeout time.Duration) (net.Conn, error) {
+	c, err := net.DialTimeout(network, address, timeout)
+	if err != nil {
+		return nil, err
+	}
+	return &countingConn{Conn: c, d: d}, nil
+}
+
+type countingConn struct {
+	net.Conn
+	d *countingDialer
+}
+
+func (c *countingConn) Write(b []byte) (int, error) {
+	c.d.writes.Add(1)
+	return c.Conn.Write(b)
+}
+
+// An event is one round trip to PostgreSQL, and so is a batch: the lane
+// writes once per attempt, then reads the answer. Each kind of event is
+// counted, a transition with all its message's fields included.
+func TestAnAttemptIsOneRoundTrip(t *testing.T) {
+	url := testDBURL(t)
+	d := &countingDialer{}
+	database, err := OpenFrom(context.Background(), func() (string, error) { return url, nil }, 4,
+		func(c *connector) { c.dial = d })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer database.Close()
+	ctx := context.Background()
+	l := NewInbox(database).Lane(10 * time.Second)
+	defer l.Close()
+	warm := newEvent(t, newID(), event.TransferCreated, newID(), "acc_g", "acc_h", 1)
+	if _, err := l.Apply(ctx, warm); err != nil { // the lane takes its connection
+		t.Fatal(err)
+	}
+
+	var evs []event.Event
+	for range 5 {
+		transfer := newID()
+		evs = append(evs,
+			newEvent(t, newID(), event.TransferCreated, transfer, "acc_g", "acc_h", 10),
+			newEvent(t, newID(), event.TransferCompleted, transfer, "acc_g", "acc_h", 10))
+	}
+	evs = append(evs, evs[0]) // and a duplicate
+	before, goroutines := d.writes.Load(), goroutinesCreated()
+	for _, ev := range evs {
+		if _, err := l.Apply(ctx, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := d.writes.Load() - before; n != int64(len(evs)) {
+		t.Errorf("%d events took %d writes, want one each", len(evs), n)
+	}
+	// Nor does an attempt start a goroutine to watch its statement.
+	if n := goroutinesCreated() - goroutines; n >= uint64(len(evs)) {
+		t.Errorf("%d events started %d goroutines, want none per event", len(evs), n)
+	} else {
+		t.Logf("%d events started %d goroutines", len(evs), n)
+	}
+
+	var batch []event.Event
+	for range 20 {
+		transfer := newID()
+		batch = append(batch, newEvent(t, newID(), event.TransferCreated, transfer, "acc_i", "acc_j", 1),
+			newEvent(t, newID(), event.TransferFailed, transfer, "acc_i", "acc_j", 1))
+	}
+	before = d.writes.Load()
+	outs, err := l.(*lane).ApplyBatch(ctx, batch)
+	if err != nil || len(outs) != len(batch) {
+		t.Fatalf("a batch of %d: %d outcomes, %v", len(batch), len(outs), err)
+	}
+	if n := d.writes.Load() - before; n != 1 {
+		t.Errorf("a batch of %d events took %d writes, want one", len(batch), n)
+	}
+}
