@@ -100,6 +100,7 @@ type lane struct {
 	raw     io.Closer // conn's driver connection, closed directly by abort and discard
 	pc      *conn     // the same, as the pool's wrapper (admit); nil for another driver's
 	aborted bool      // the watched context ended: conn was closed underneath
+	gen     uint64    // counts the contexts watched, so that an old one's abort does nothing
 
 	// beforeSend, when set (by tests), runs in each attempt once its
 	// statement is written, before a connection is taken.
@@ -240,6 +241,7 @@ func (l *lane) run(ctx context.Context, fn string, args []any, dest any) error {
 	if l.beforeSend != nil {
 		l.beforeSend()
 	}
+	l.watch(ctx)
 	if l.conn == nil {
 		if err := l.pin(ctx); err != nil {
 			return err
@@ -251,7 +253,6 @@ func (l *lane) run(ctx context.Context, fn string, args []any, dest any) error {
 			return err
 		}
 	}
-	l.watch(ctx)
 	finished := false
 	defer func() {
 		if !finished {
@@ -288,7 +289,9 @@ func (l *lane) prologue() string {
 
 // watch makes sure that the end of ctx closes the lane's connection, with
 // one context.AfterFunc for each context the lane is given (the worker
-// gives the same one every time), not one per attempt.
+// gives the same one every time), not one per attempt. A lane given
+// another context after the last one ended starts again on a new
+// connection.
 func (l *lane) watch(ctx context.Context) {
 	if ctx == l.watched {
 		return
@@ -296,15 +299,29 @@ func (l *lane) watch(ctx context.Context) {
 	if l.unwatch != nil {
 		l.unwatch()
 	}
-	l.watched, l.unwatch = ctx, context.AfterFunc(ctx, l.abort)
+	l.mu.Lock()
+	l.gen++
+	gen, aborted := l.gen, l.aborted
+	l.mu.Unlock()
+	if aborted && l.conn != nil {
+		l.unpin() // closed underneath: for good
+	}
+	l.mu.Lock()
+	l.aborted = false
+	l.mu.Unlock()
+	l.watched, l.unwatch = ctx, context.AfterFunc(ctx, func() { l.abort(gen) })
 }
 
 // abort closes the connection under the attempt running on it, if any:
 // lib/pq's read returns an error at once. The connection is never used
-// again (unpin).
-func (l *lane) abort() {
+// again (unpin). An abort for a context the lane no longer watches (gen)
+// does nothing.
+func (l *lane) abort(gen uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if gen != l.gen {
+		return
+	}
 	l.aborted = true
 	if l.raw != nil {
 		l.raw.Close()

@@ -204,3 +204,28 @@ func TestAnAttemptIsOneRoundTrip(t *testing.T) {
 		t.Errorf("a batch of %d events took %d writes, want one", len(batch), n)
 	}
 }
+
+// A lane's connection is closed when the context of its attempts ends, and
+// the lane, given another context, goes on with a new connection.
+func TestLaneGivenANewContextAfterItsLastEnded(t *testing.T) {
+	database := testDB(t, 4)
+	l := NewInbox(database).Lane(10 * time.Second).(*lane)
+	defer l.Close()
+	first, cancel := context.WithCancel(context.Background())
+	if _, err := l.Apply(first, newEvent(t, newID(), event.TransferCreated, newID(), "acc_k", "acc_l", 1)); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	waitFor(t, 5*time.Second, "the ended context to close the connection", func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return l.aborted
+	})
+	if _, err := l.Apply(first, newEvent(t, newID(), event.TransferCreated, newID(), "acc_k", "acc_l", 1)); err == nil {
+		t.Fatal("applied under a context that had ended")
+	}
+	ev := newEvent(t, newID(), event.TransferCreated, newID(), "acc_k", "acc_l", 2)
+	if res, err := l.Apply(context.Background(), ev); err != nil || res.Duplicate {
+		t.Fatalf("under a new context: %+v, %v; want applied", res, err)
+	}
+}
