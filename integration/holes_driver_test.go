@@ -13,14 +13,14 @@ import (
 )
 
 // panickyDB opens a pool on dsn whose driver is lib/pq's, except that the
-// service's statement (apply_event or apply_batch) panics when its first
-// argument names an event that target says must panic. The panic comes
-// where the service's lane stands between BEGIN and COMMIT of its real
-// transaction, with the statement's claim, advisory locks and row locks
-// taken: as the lane reads the answer (inside the Scan, where database/sql
-// lets go of its locks as it unwinds) or, insideSQL, in the driver's query
-// call (database/sql then never gives the connection back). hits counts
-// the panics.
+// service's statement (apply_event or apply_batch) panics when it names an
+// event that target says must panic (in its first argument, or, as the
+// lane sends it, in its text). The panic comes as the lane reads the
+// answer (inside the Scan, where database/sql lets go of its locks as it
+// unwinds): the lane's attempt is one statement that is its own
+// transaction, so by then it has committed. insideSQL panics in the
+// driver's query call instead (database/sql then never gives the
+// connection back). hits counts the panics.
 func panickyDB(dsn string, maxConns int, target func(arg string) bool, insideSQL bool, hits *atomic.Int64) (*sqlx.DB, error) {
 	inner, err := pq.NewConnector(dsn)
 	if err != nil {
@@ -140,12 +140,18 @@ func (st *panicStmt) QueryContext(ctx context.Context, args []driver.NamedValue)
 // panics now (insideSQL: the statement ran, its answer is unread) or
 // returns rows that panic once the answer is read.
 func (c *panicConnector) arm(query string, args []driver.NamedValue, rows driver.Rows) driver.Rows {
-	if !strings.Contains(query, "apply_event(") && !strings.Contains(query, "apply_batch(") || len(args) == 0 {
+	if !strings.Contains(query, "apply_event(") && !strings.Contains(query, "apply_batch(") {
 		return rows
 	}
-	arg := fmt.Sprint(args[0].Value)
+	arg := query // the lane writes its arguments into its statement
+	if len(args) > 0 {
+		arg = fmt.Sprint(args[0].Value)
+	}
 	if !c.target(arg) {
 		return rows
+	}
+	if len(arg) > 80 {
+		arg = arg[:80] + "…"
 	}
 	if c.insideSQL {
 		c.hits.Add(1)

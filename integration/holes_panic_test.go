@@ -82,18 +82,18 @@ func reasons(ls []dlqMessage) []any {
 	return out
 }
 
-// A panic between BEGIN and COMMIT of the real database lane: the lane's
-// statement has taken the event's claim, the transfer's advisory lock and
-// the balance rows' locks when the driver panics, either as the lane reads
-// the statement's answer or inside database/sql's own call (see
-// panickyDB). Afterwards no session stays idle in transaction, another
-// queue whose events touch the same accounts goes on, each panicking event
-// is dead-lettered with class panic after its retries and the event
-// behind it is applied, also after more panics than the pool has
-// connections (the service's default, QUEUE_COUNT+4), and a shutdown
-// during such a retry returns within SHUTDOWN_TIMEOUT and returns the
-// message to its queue.
-func TestPanicInsideTheTransaction(t *testing.T) {
+// A panic as the real database lane reads its statement's answer (see
+// panickyDB): the attempt is one statement that is its own transaction, so
+// the event was applied (its claim committed) when the driver panics, and
+// every retry finds it a duplicate and panics again. Afterwards no session
+// stays idle in transaction, another queue whose events touch the same
+// accounts goes on, each panicking event is dead-lettered with class panic
+// after its retries, applied once and no more (a replay of its letter is a
+// duplicate), and the event behind it is applied, also after more panics
+// than the pool has connections (the service's default, QUEUE_COUNT+4);
+// and a shutdown during such a retry returns within SHUTDOWN_TIMEOUT and
+// returns the message to its queue.
+func TestPanicReadingTheAnswer(t *testing.T) {
 	parallel(t)
 	for _, where := range []struct {
 		name      string
@@ -131,12 +131,12 @@ func TestPanicInsideTheTransaction(t *testing.T) {
 				return p, behind
 			}
 			p, behind := round(500)
-			applied = append(applied, behind)
+			applied = append(applied, p, behind)
 			svc := e.startBounded(e.name+"-svc", queues, db.NewInbox(pdb), func(c *consumer.Config) {
 				c.ApplyTimeout = 2 * time.Second
 				c.ShutdownTimeout = shutdown
 			})
-			waitFor(t, 30*time.Second, "the first panic inside the transaction", func() bool { return hits.Load() >= 1 })
+			waitFor(t, 30*time.Second, "the first panic reading the answer", func() bool { return hits.Load() >= 1 })
 
 			other := []transfer{newTransfer(y, x, 30), newTransfer(z, y, 40), newTransfer(x, z, 50)}
 			for _, o := range other {
@@ -172,12 +172,12 @@ func TestPanicInsideTheTransaction(t *testing.T) {
 					break
 				}
 				p, behind = round(int64(600 + 100*r))
-				dead, applied = append(dead, p), append(applied, behind)
+				dead, applied = append(dead, p), append(applied, p, behind)
 			}
 
 			// A shutdown while another such event is retried in place.
 			before := hits.Load()
-			last, _ := round(900) // its valid event stays behind it in the queue
+			last, lastBehind := round(900) // its valid event stays in the queue (with batches, it may share last's batch, and be applied)
 			waitFor(t, 30*time.Second, "the next event's first panic", func() bool { return hits.Load() > before })
 			took, ok := svc.stopWithin(shutdown + 10*time.Second)
 			if !ok {
@@ -185,7 +185,7 @@ func TestPanicInsideTheTransaction(t *testing.T) {
 			} else if took > shutdown {
 				t.Errorf("the service stopped %s after its shutdown, past SHUTDOWN_TIMEOUT %s", took.Round(time.Millisecond), shutdown)
 			} else {
-				t.Logf("stopped %s after the shutdown, during the retry of a panic inside the transaction", took.Round(time.Millisecond))
+				t.Logf("stopped %s after the shutdown, during the retry of a panic reading the answer", took.Round(time.Millisecond))
 			}
 			if !eventually(15*time.Second, func() bool { return len(e.idleInTransaction()) == 0 }) {
 				t.Errorf("sessions stay idle in transaction after the shutdown: %v", e.idleInTransaction())
@@ -195,9 +195,17 @@ func TestPanicInsideTheTransaction(t *testing.T) {
 			}
 
 			for _, d := range append(dead, last) {
-				if n := e.inboxRows(d.EventID); n != 0 {
-					t.Errorf("the panicking event %s has %d inbox rows, want 0", d.EventID, n)
+				if n := e.inboxRows(d.EventID); n != 1 {
+					t.Errorf("the panicking event %s has %d inbox rows, want 1: applied once, before its answer was read", d.EventID, n)
 				}
+			}
+			applied = append(applied, last)
+			switch n := e.inboxRows(lastBehind.EventID); n {
+			case 0:
+			case 1: // in last's batch, committed before the answer panicked
+				applied = append(applied, lastBehind)
+			default:
+				t.Errorf("the event behind the last panicking one has %d inbox rows", n)
 			}
 			e.checkMoney(applied)
 			letters := dlqByMessageID(e.peekDLQ())
@@ -209,7 +217,7 @@ func TestPanicInsideTheTransaction(t *testing.T) {
 			if ls := letters[last.EventID]; len(ls) != 0 {
 				t.Errorf("the event in hand at the shutdown was dead-lettered: %v", reasons(ls))
 			}
-			t.Logf("%d panics inside the transaction in all, %d events dead-lettered for them; pool after the stop: %+v",
+			t.Logf("%d panics reading the answer in all, %d events dead-lettered for them; pool after the stop: %+v",
 				hits.Load(), len(dead), pdb.Stats())
 		})
 	}
