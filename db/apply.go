@@ -90,7 +90,7 @@ type lane struct {
 	in      *Inbox
 	timeout time.Duration
 
-	head    string // prologue's text
+	head    string // prologue's text for conn
 	conn    *sqlx.Conn
 	watched context.Context // the context whose end closes conn (watch)
 	unwatch func() bool
@@ -233,19 +233,19 @@ func (l *lane) run(ctx context.Context, fn string, args []any, dest any) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	var q strings.Builder
-	q.WriteString(l.prologue())
-	if err := inlineCall(&q, fn, args); err != nil {
-		return err
-	}
-	if l.beforeSend != nil {
-		l.beforeSend()
-	}
 	l.watch(ctx)
 	if l.conn == nil {
 		if err := l.pin(ctx); err != nil {
 			return err
 		}
+	}
+	var q strings.Builder
+	q.WriteString(l.head)
+	if err := inlineCall(&q, fn, args); err != nil {
+		return err
+	}
+	if l.beforeSend != nil {
+		l.beforeSend()
 	}
 	if l.pc != nil {
 		if err := l.pc.admit(); err != nil {
@@ -273,18 +273,24 @@ func (l *lane) run(ctx context.Context, fn string, args []any, dest any) error {
 	return err
 }
 
-// prologue is what each attempt sends before its call: the transaction's
-// isolation and, for a lane with a timeout, its statement_timeout. Written
-// once per lane.
-func (l *lane) prologue() string {
-	if l.head == "" {
-		l.head = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE; "
-		if l.timeout > 0 {
-			ms := max(l.timeout.Milliseconds(), 1)
-			l.head += "SET LOCAL statement_timeout = " + strconv.FormatInt(ms, 10) + "; "
-		}
+// prologue returns what each attempt on a connection sends before its
+// call: the transaction's isolation and its statement_timeout, the lane's
+// timeout or the session's own statement_timeout (roleMS, the role's or
+// database's setting), whichever is shorter: the service never loosens a
+// bound an operator set.
+func (l *lane) prologue(roleMS int64) string {
+	head := "SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE; "
+	ms := l.timeout.Milliseconds()
+	if l.timeout > 0 {
+		ms = max(ms, 1)
 	}
-	return l.head
+	if roleMS > 0 && (ms == 0 || roleMS < ms) {
+		ms = roleMS
+	}
+	if ms > 0 {
+		head += "SET LOCAL statement_timeout = " + strconv.FormatInt(ms, 10) + "; "
+	}
+	return head
 }
 
 // watch makes sure that the end of ctx closes the lane's connection, with
@@ -339,6 +345,15 @@ func (l *lane) pin(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// The session's own statement_timeout, once per connection: behind
+	// PgBouncer each transaction may run on another server connection, but
+	// all of them are the same role's on the same database.
+	var roleMS int64
+	if err := c.QueryRowxContext(ctx, `SELECT (extract(epoch FROM current_setting('statement_timeout')::interval) * 1000)::bigint`).Scan(&roleMS); err != nil {
+		c.Close()
+		return err
+	}
+	l.head = l.prologue(roleMS)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	c.Raw(func(dc any) error {

@@ -229,3 +229,47 @@ func TestLaneGivenANewContextAfterItsLastEnded(t *testing.T) {
 		t.Fatalf("under a new context: %+v, %v; want applied", res, err)
 	}
 }
+
+// An attempt's statement_timeout is the lane's timeout or the session's
+// own (a role's or a database's setting), whichever is shorter.
+func TestLaneKeepsAStricterStatementTimeout(t *testing.T) {
+	for _, tt := range []struct {
+		lane   time.Duration
+		roleMS int64
+		want   string
+	}{
+		{2 * time.Second, 0, "SET LOCAL statement_timeout = 2000; "},
+		{2 * time.Second, 200, "SET LOCAL statement_timeout = 200; "},
+		{2 * time.Second, 5000, "SET LOCAL statement_timeout = 2000; "},
+		{0, 200, "SET LOCAL statement_timeout = 200; "},
+		{0, 0, ""},
+		{time.Microsecond, 0, "SET LOCAL statement_timeout = 1; "},
+	} {
+		l := &lane{timeout: tt.lane}
+		got := strings.TrimPrefix(l.prologue(tt.roleMS), "SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE; ")
+		if got != tt.want {
+			t.Errorf("lane %s, session %d ms: %q, want %q", tt.lane, tt.roleMS, got, tt.want)
+		}
+	}
+
+	url := testDBURL(t)
+	database, err := Open(context.Background(), url, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer database.Close()
+	database.MustExec(`DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET statement_timeout = %L', current_database(), '150ms'); END $$`)
+	fresh, err := Open(context.Background(), url, 2) // sessions that take the setting
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	l := NewInbox(fresh).Lane(10 * time.Second).(*lane)
+	defer l.Close()
+	if _, err := l.Apply(context.Background(), newEvent(t, newID(), event.TransferCreated, newID(), "acc_m", "acc_n", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(l.head, "statement_timeout = 150;") {
+		t.Errorf("with the database's statement_timeout at 150ms, a lane of 10s sends %q", l.head)
+	}
+}
