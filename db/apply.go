@@ -275,17 +275,17 @@ func (l *lane) run(ctx context.Context, fn string, args []any, dest any) error {
 
 // prologue returns what each attempt on a connection sends before its
 // call: the transaction's isolation and its statement_timeout, the lane's
-// timeout or the session's own statement_timeout (roleMS, the role's or
+// timeout or the session's own statement_timeout (sessionMS, the role's or
 // database's setting), whichever is shorter: the service never loosens a
 // bound an operator set.
-func (l *lane) prologue(roleMS int64) string {
+func (l *lane) prologue(sessionMS int64) string {
 	head := "SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE; "
 	ms := l.timeout.Milliseconds()
 	if l.timeout > 0 {
 		ms = max(ms, 1)
 	}
-	if roleMS > 0 && (ms == 0 || roleMS < ms) {
-		ms = roleMS
+	if sessionMS > 0 && (ms == 0 || sessionMS < ms) {
+		ms = sessionMS
 	}
 	if ms > 0 {
 		head += "SET LOCAL statement_timeout = " + strconv.FormatInt(ms, 10) + "; "
@@ -345,23 +345,34 @@ func (l *lane) pin(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// The session's own statement_timeout, once per connection: behind
-	// PgBouncer each transaction may run on another server connection, but
-	// all of them are the same role's on the same database.
-	var roleMS int64
-	if err := c.QueryRowxContext(ctx, `SELECT (extract(epoch FROM current_setting('statement_timeout')::interval) * 1000)::bigint`).Scan(&roleMS); err != nil {
-		c.Close()
-		return err
-	}
-	l.head = l.prologue(roleMS)
-	l.mu.Lock()
-	defer l.mu.Unlock()
+	var raw io.Closer
+	var pc *conn
 	c.Raw(func(dc any) error {
-		l.raw, _ = dc.(io.Closer)
-		l.pc, _ = dc.(*conn)
+		raw, _ = dc.(io.Closer)
+		pc, _ = dc.(*conn)
 		return nil
 	})
-	l.conn = c
+	// The session's own statement_timeout, read once per physical
+	// connection (a lane that gives its connection back after each event
+	// does not ask again): behind PgBouncer each transaction may run on
+	// another server connection, but all of them are the same role's on the
+	// same database.
+	var sessionMS int64
+	if pc == nil || !pc.timeoutRead {
+		if err := c.QueryRowxContext(ctx, `SELECT (extract(epoch FROM current_setting('statement_timeout')::interval) * 1000)::bigint`).Scan(&sessionMS); err != nil {
+			c.Close()
+			return err
+		}
+		if pc != nil {
+			pc.timeoutRead, pc.timeoutMS = true, sessionMS
+		}
+	} else {
+		sessionMS = pc.timeoutMS
+	}
+	l.head = l.prologue(sessionMS)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.raw, l.pc, l.conn = raw, pc, c
 	if l.aborted && l.raw != nil {
 		// ctx ended while the connection was taken: abort found none.
 		l.raw.Close()

@@ -28,6 +28,11 @@ type conn struct {
 	watch   *ReplicationWatch
 	stale   atomic.Bool // its server said it is read-only
 	refused atomic.Bool // a transaction was refused on it
+
+	// The session's statement_timeout in ms, once a lane has read it
+	// (timeoutRead); only whoever holds the connection touches them.
+	timeoutRead bool
+	timeoutMS   int64
 }
 
 // Every interface lib/pq's connection implements, so that database/sql

@@ -234,9 +234,9 @@ func TestLaneGivenANewContextAfterItsLastEnded(t *testing.T) {
 // own (a role's or a database's setting), whichever is shorter.
 func TestLaneKeepsAStricterStatementTimeout(t *testing.T) {
 	for _, tt := range []struct {
-		lane   time.Duration
-		roleMS int64
-		want   string
+		lane      time.Duration
+		sessionMS int64
+		want      string
 	}{
 		{2 * time.Second, 0, "SET LOCAL statement_timeout = 2000; "},
 		{2 * time.Second, 200, "SET LOCAL statement_timeout = 200; "},
@@ -246,9 +246,9 @@ func TestLaneKeepsAStricterStatementTimeout(t *testing.T) {
 		{time.Microsecond, 0, "SET LOCAL statement_timeout = 1; "},
 	} {
 		l := &lane{timeout: tt.lane}
-		got := strings.TrimPrefix(l.prologue(tt.roleMS), "SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE; ")
+		got := strings.TrimPrefix(l.prologue(tt.sessionMS), "SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE; ")
 		if got != tt.want {
-			t.Errorf("lane %s, session %d ms: %q, want %q", tt.lane, tt.roleMS, got, tt.want)
+			t.Errorf("lane %s, session %d ms: %q, want %q", tt.lane, tt.sessionMS, got, tt.want)
 		}
 	}
 
@@ -271,5 +271,37 @@ func TestLaneKeepsAStricterStatementTimeout(t *testing.T) {
 	}
 	if !strings.Contains(l.head, "statement_timeout = 150;") {
 		t.Errorf("with the database's statement_timeout at 150ms, a lane of 10s sends %q", l.head)
+	}
+}
+
+// A lane that gives its connection back after each event (the pool has no
+// other to spare) still makes one round trip per event: the session's
+// statement_timeout is read once per physical connection, not per pin.
+func TestALaneThatReturnsItsConnectionAsksOnce(t *testing.T) {
+	url := testDBURL(t)
+	d := &countingDialer{}
+	database, err := OpenFrom(context.Background(), func() (string, error) { return url, nil }, 1,
+		func(c *connector) { c.dial = d })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer database.Close()
+	l := NewInbox(database).Lane(10 * time.Second).(*lane)
+	defer l.Close()
+	ctx := context.Background()
+	if _, err := l.Apply(ctx, newEvent(t, newID(), event.TransferCreated, newID(), "acc_o", "acc_p", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if l.conn != nil {
+		t.Fatal("the lane kept the pool's only connection")
+	}
+	before := d.writes.Load()
+	for range 5 {
+		if _, err := l.Apply(ctx, newEvent(t, newID(), event.TransferCreated, newID(), "acc_o", "acc_p", 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := d.writes.Load() - before; n != 5 {
+		t.Errorf("5 events took %d writes, want 5", n)
 	}
 }
