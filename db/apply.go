@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -21,11 +22,13 @@ import (
 // states, each exactly once in effect. It implements consumer.Applier and
 // consumer.Lanes.
 type Inbox struct {
-	db *sqlx.DB
+	db      *sqlx.DB
+	maxOpen int          // db's MaxOpenConnections, 0 for no limit
+	pinned  atomic.Int64 // connections the lanes hold between events
 }
 
 // NewInbox returns an Inbox over db.
-func NewInbox(db *sqlx.DB) *Inbox { return &Inbox{db: db} }
+func NewInbox(db *sqlx.DB) *Inbox { return &Inbox{db: db, maxOpen: db.Stats().MaxOpenConnections} }
 
 // Apply claims ev.ID in the inbox and applies its effect in the same local
 // transaction, then commits. The work is one call of the apply_event
@@ -80,10 +83,11 @@ func (in *Inbox) Lane(timeout time.Duration) event.Lane {
 // only while another connection is left for everyone else (another lane,
 // the readiness check, retention). With a pool smaller than the queues
 // (DB_MAX_CONNS), or shared, the last lanes to take one return it after
-// every event, so that no queue waits on a connection a lane sits on.
+// every event, so that no queue waits on a connection a lane sits on. It
+// counts the lanes' connections itself rather than asking the pool
+// (db.Stats takes the pool's lock), since it is asked after every event.
 func (in *Inbox) keepConns() bool {
-	st := in.db.Stats()
-	return st.MaxOpenConnections == 0 || st.MaxOpenConnections-st.InUse >= 1
+	return in.maxOpen == 0 || int64(in.maxOpen)-in.pinned.Load() >= 1
 }
 
 type lane struct {
@@ -370,6 +374,7 @@ func (l *lane) pin(ctx context.Context) error {
 		sessionMS = pc.timeoutMS
 	}
 	l.head = l.prologue(sessionMS)
+	l.in.pinned.Add(1)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.raw, l.pc, l.conn = raw, pc, c
@@ -387,6 +392,7 @@ func (l *lane) unpin() {
 	conn, aborted := l.conn, l.aborted
 	l.conn, l.raw, l.pc = nil, nil, nil
 	l.mu.Unlock()
+	l.in.pinned.Add(-1)
 	if aborted {
 		conn.Raw(func(any) error { return driver.ErrBadConn }) // the pool closes it
 	}
@@ -421,6 +427,7 @@ func (l *lane) discard() {
 	if conn == nil {
 		return
 	}
+	l.in.pinned.Add(-1)
 	closed := make(chan struct{})
 	go func() {
 		defer close(closed)

@@ -1,13 +1,12 @@
 package db
 
 import (
+	"database/sql"
 	"database/sql/driver"
 	"encoding/hex"
 	"fmt"
 	"strconv"
 	"strings"
-
-	"github.com/lib/pq"
 )
 
 // inlineCall writes the call fn(args...) into b, each argument a quoted
@@ -36,13 +35,26 @@ func inlineCall(b *strings.Builder, fn string, args []any) error {
 	return nil
 }
 
-// writeLiteral writes v as a literal. Text goes through pq.QuoteLiteral,
-// which doubles quotes and, when there is a backslash, doubles it too in
-// an escape string (E'…'): the literal reads the same whatever
+// writeLiteral writes v as a literal. Text is quoted as pq.QuoteLiteral
+// quotes it (writeText): the literal reads the same whatever
 // standard_conforming_strings says. Bytes are written in bytea's hex form,
-// in an escape string as well (E'\\x…'), which no byte of the data can end
-// early.
+// in an escape string (E'\\x…'), which no byte of the data can end early.
+// The kinds an event's call is made of are written without going through
+// database/sql's converter and without a copy of the value (an attempt
+// writes a dozen of them); the rest are converted first.
 func writeLiteral(b *strings.Builder, v any) error {
+	switch x := v.(type) {
+	case string:
+		writeText(b, x)
+		return nil
+	case sql.NullString:
+		if !x.Valid {
+			b.WriteString("NULL")
+		} else {
+			writeText(b, x.String)
+		}
+		return nil
+	}
 	dv, err := driver.DefaultParameterConverter.ConvertValue(v)
 	if err != nil {
 		return err
@@ -51,18 +63,25 @@ func writeLiteral(b *strings.Builder, v any) error {
 	case nil:
 		b.WriteString("NULL")
 	case string:
-		b.WriteString(pq.QuoteLiteral(x))
+		writeText(b, x)
 	case []byte:
 		if x == nil {
 			b.WriteString("NULL")
 			return nil
 		}
 		b.WriteString(`E'\\x`)
-		b.WriteString(hex.EncodeToString(x))
+		var chunk [128]byte
+		for len(x) > 0 {
+			n := min(len(x), len(chunk)/2)
+			hex.Encode(chunk[:], x[:n])
+			b.Write(chunk[:2*n])
+			x = x[n:]
+		}
 		b.WriteByte('\'')
 	case int64:
+		var digits [24]byte
 		b.WriteByte('\'')
-		b.WriteString(strconv.FormatInt(x, 10))
+		b.Write(strconv.AppendInt(digits[:0], x, 10))
 		b.WriteByte('\'')
 	case bool:
 		if x {
@@ -74,4 +93,28 @@ func writeLiteral(b *strings.Builder, v any) error {
 		return fmt.Errorf("a %T cannot be written as a literal", dv)
 	}
 	return nil
+}
+
+// writeText writes s quoted as pq.QuoteLiteral quotes it, with no copy of
+// s: each quote doubled and, when s holds a backslash, each backslash
+// doubled too, in an escape string (E'…').
+func writeText(b *strings.Builder, s string) {
+	doubled := `'`
+	if strings.IndexByte(s, '\\') >= 0 {
+		doubled = `'\`
+		b.WriteString(" E'")
+	} else {
+		b.WriteByte('\'')
+	}
+	for {
+		i := strings.IndexAny(s, doubled)
+		if i < 0 {
+			break
+		}
+		b.WriteString(s[:i+1])
+		b.WriteByte(s[i])
+		s = s[i+1:]
+	}
+	b.WriteString(s)
+	b.WriteByte('\'')
 }

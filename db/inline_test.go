@@ -305,3 +305,64 @@ func TestALaneThatReturnsItsConnectionAsksOnce(t *testing.T) {
 		t.Errorf("5 events took %d writes, want 5", n)
 	}
 }
+
+// Lanes keep their connections between events only while one is left for
+// everyone else: with a pool of three and three lanes, two keep theirs and
+// the third gives its back after each event; when a lane closes, another
+// may keep its own again.
+func TestLanesLeaveOneConnectionFree(t *testing.T) {
+	database := testDB(t, 3)
+	in := NewInbox(database)
+	ctx := context.Background()
+	var lanes []*lane
+	for range 3 {
+		l := in.Lane(10 * time.Second).(*lane)
+		defer l.Close()
+		lanes = append(lanes, l)
+	}
+	apply := func(l *lane) {
+		t.Helper()
+		if _, err := l.Apply(ctx, newEvent(t, newID(), event.TransferCreated, newID(), "acc_q", "acc_r", 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 3 {
+		for _, l := range lanes {
+			apply(l)
+		}
+	}
+	if lanes[0].conn == nil || lanes[1].conn == nil || lanes[2].conn != nil {
+		t.Errorf("lanes holding a connection: %v %v %v, want the first two", lanes[0].conn != nil, lanes[1].conn != nil, lanes[2].conn != nil)
+	}
+	if st := database.Stats(); st.InUse != 2 || in.pinned.Load() != 2 {
+		t.Errorf("%d connections in use, %d counted as the lanes', want 2 and 2", st.InUse, in.pinned.Load())
+	}
+	lanes[0].Close()
+	apply(lanes[2])
+	if lanes[2].conn == nil || in.pinned.Load() != 2 {
+		t.Errorf("after a lane closed, the third kept its connection: %v; %d counted, want 2", lanes[2].conn != nil, in.pinned.Load())
+	}
+}
+
+// writeText quotes text exactly as pq.QuoteLiteral does, without its
+// copies: over strings made mostly of quotes, backslashes and the bytes
+// around them.
+func TestTextIsQuotedAsPqQuotesIt(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 5))
+	alphabet := []byte{'\'', '\\', 'a', 'E', ' ', 0x80, 0xff, '"', '$'}
+	texts := []string{"", "'", `\`, `''`, `\\`, `'\`, `\'`, "a", "é'漢"}
+	for range 5000 {
+		b := make([]byte, rng.IntN(12))
+		for i := range b {
+			b[i] = alphabet[rng.IntN(len(alphabet))]
+		}
+		texts = append(texts, string(b))
+	}
+	for _, s := range texts {
+		var b strings.Builder
+		writeText(&b, s)
+		if want := pq.QuoteLiteral(s); b.String() != want {
+			t.Fatalf("%q written as %q, pq.QuoteLiteral writes %q", s, b.String(), want)
+		}
+	}
+}
