@@ -58,6 +58,7 @@ type harness struct {
 	tmp, service, self      string
 	logs                    string // where subjects' logs go: memory when possible
 	baseline                string // another build of the service, or ""
+	userID                  string // the user_id property the backlog is published with, or ""
 	batch                   int    // BATCH_MAX of the subject "batch"
 	baselineBatch           int    // BATCH_MAX of the subject "baseline"
 	steadyRate              int    // events/s of a steady load instead of a backlog, or 0
@@ -588,7 +589,7 @@ func (h *harness) publish(vhostURL string) error {
 	}
 	for i, b := range h.bodies {
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "transfers", h.keys[i], false, false, amqp.Publishing{
-			DeliveryMode: amqp.Persistent, ContentType: "application/json", Body: b,
+			DeliveryMode: amqp.Persistent, ContentType: "application/json", Body: b, UserId: h.userID,
 		})
 		if err != nil {
 			return err

@@ -7,6 +7,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"net/url"
 	"os"
 	"runtime/pprof"
 	"strconv"
@@ -55,6 +56,7 @@ func main() {
 	batch := flag.Int("batch", 50, "BATCH_MAX of the subject batch (the service; the subject service runs with 1)")
 	baselineBatch := flag.Int("baseline-batch", 1, "BATCH_MAX of the subject baseline")
 	steady := flag.Int("steady", 0, "instead of draining a backlog, publish -events events at this many per second while the subject runs, and report their latency from publishing to the inbox")
+	userID := flag.Bool("user-id", true, "publish with the user_id property set to the publishing user, as a producer on PRODUCERS' list does (the service then judges and stamps each delivery's producer)")
 	rounds := flag.Int("rounds", 1, "measure every subject this many times at each queue count; the ratios are then of medians")
 	warmup := flag.Int("warmup", 4000, "events the bare loop drains, unmeasured, before the first measurement")
 	out := flag.String("out", "bench-results.json", "machine-readable results")
@@ -87,6 +89,9 @@ func main() {
 	h, err := newHarness(*events, accountsFor(), *baseline)
 	if err != nil {
 		fail(err)
+	}
+	if u, err := url.Parse(h.amqpURL); err == nil && *userID {
+		h.userID = u.User.Username() // the broker refuses any other
 	}
 	if *reconcileRows > 0 {
 		defer h.close()

@@ -56,7 +56,7 @@ func (h *harness) publishSteady(vhostURL string, l *steadyLoad) error {
 		l.sent[ev.EventID] = time.Now()
 		l.mu.Unlock()
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "transfers", h.keys[i], false, false, amqp.Publishing{
-			DeliveryMode: amqp.Persistent, ContentType: "application/json", Body: b,
+			DeliveryMode: amqp.Persistent, ContentType: "application/json", Body: b, UserId: h.userID,
 		})
 		if err != nil {
 			return err

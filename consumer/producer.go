@@ -88,8 +88,9 @@ func sorted(m map[string]bool) []string {
 // returns the headers with x-original-user-id set to the first producer it
 // found, or removed when it found none, so that every dead-letter copy of
 // the message carries the producer the service judged (a header the
-// publisher set is never passed on as it came); headers itself is not
-// modified. The error is nil when PRODUCERS is empty or lists the first
+// publisher set is never passed on as it came). headers is changed in
+// place, not copied: it is the delivery's own, decoded for it alone, and
+// Admit runs on every delivery. The error is nil when PRODUCERS is empty or lists the first
 // producer, else Unauthorized, naming the producer or saying that none is
 // known: the message is dead-lettered and never applied.
 func (p *Producers) Admit(userID string, headers amqp.Table) (amqp.Table, error) {
@@ -110,20 +111,17 @@ func (p *Producers) Admit(userID string, headers amqp.Table) (amqp.Table, error)
 	}
 }
 
-// stamp returns headers with x-original-user-id set to producer, or without
-// it when producer is empty; a copy, unless headers already say so.
+// stamp sets x-original-user-id in headers to producer, or removes it
+// when producer is empty, and returns headers (a new table when headers is
+// nil and there is a producer to stamp).
 func stamp(headers amqp.Table, producer string) amqp.Table {
-	v, has := headers[dlq.HeaderOriginalUser]
-	if s, ok := v.(string); (ok && s == producer && producer != "") || (!has && producer == "") {
-		return headers
+	switch {
+	case producer == "":
+		delete(headers, dlq.HeaderOriginalUser)
+	case headers == nil:
+		headers = amqp.Table{dlq.HeaderOriginalUser: producer}
+	default:
+		headers[dlq.HeaderOriginalUser] = producer
 	}
-	out := make(amqp.Table, len(headers)+1)
-	for k, v := range headers {
-		out[k] = v
-	}
-	delete(out, dlq.HeaderOriginalUser)
-	if producer != "" {
-		out[dlq.HeaderOriginalUser] = producer
-	}
-	return out
+	return headers
 }
