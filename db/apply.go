@@ -113,7 +113,8 @@ type lane struct {
 
 func (l *lane) Apply(ctx context.Context, ev event.Event) (event.Result, error) {
 	var outcome string
-	if err := l.run(ctx, "apply_event", eventArgs(ev), &outcome); err != nil {
+	call := func(b *strings.Builder) error { writeEventCall(b, ev); return nil }
+	if err := l.run(ctx, call, &outcome); err != nil {
 		return event.Result{}, fmt.Errorf("apply event %s: %w", ev.ID, translate(err))
 	}
 	o := result(ev, outcome)
@@ -130,7 +131,9 @@ func (l *lane) Apply(ctx context.Context, ev event.Event) (event.Result, error) 
 // batch. It implements consumer.BatchLane.
 func (l *lane) ApplyBatch(ctx context.Context, evs []event.Event) ([]event.Outcome, error) {
 	var outcomes pq.StringArray
-	if err := l.run(ctx, "apply_batch", batchArgs(evs), &outcomes); err != nil {
+	args := batchArgs(evs)
+	call := func(b *strings.Builder) error { return inlineCall(b, "apply_batch", args) }
+	if err := l.run(ctx, call, &outcomes); err != nil {
 		return nil, fmt.Errorf("apply a batch of %d events from %s: %w", len(evs), evs[0].ID, translate(err))
 	}
 	if len(outcomes) != len(evs) {
@@ -182,11 +185,38 @@ func messageOf(ev event.Event) message {
 
 func valid(s string) sql.NullString { return sql.NullString{String: s, Valid: true} }
 
-// eventArgs are apply_event's arguments for ev.
-func eventArgs(ev event.Event) []any {
+// writeEventCall writes apply_event's call for ev, its arguments as
+// literals (see writeLiteral), each written as it is, with no []any to box
+// them in: an event is applied this way once per attempt.
+func writeEventCall(b *strings.Builder, ev event.Event) {
 	t, m := ev.Transfer, messageOf(ev)
-	return []any{ev.ID, ev.Type, ev.Fingerprint, t.ID, t.FromAccount, t.ToAccount, t.AmountMinor, t.Currency,
-		m.key, m.body, jsonb(m.headers), m.id, m.contentType}
+	b.WriteString("SELECT apply_event(")
+	writeText(b, ev.ID)
+	b.WriteString(", ")
+	writeText(b, ev.Type)
+	b.WriteString(", ")
+	writeBytes(b, ev.Fingerprint)
+	b.WriteString(", ")
+	writeText(b, t.ID)
+	b.WriteString(", ")
+	writeText(b, t.FromAccount)
+	b.WriteString(", ")
+	writeText(b, t.ToAccount)
+	b.WriteString(", ")
+	writeInt(b, t.AmountMinor)
+	b.WriteString(", ")
+	writeText(b, t.Currency)
+	b.WriteString(", ")
+	writeNullText(b, m.key)
+	b.WriteString(", ")
+	writeBytes(b, m.body)
+	b.WriteString(", ")
+	writeNullText(b, jsonb(m.headers))
+	b.WriteString(", ")
+	writeNullText(b, m.id)
+	b.WriteString(", ")
+	writeNullText(b, m.contentType)
+	b.WriteByte(')')
 }
 
 // batchArgs are apply_batch's arguments for evs: one array per column.
@@ -212,8 +242,8 @@ func batchArgs(evs []event.Event) []any {
 		pq.Array(keys), pq.ByteaArray(bodies), pq.Array(headers), pq.Array(msgIDs), pq.Array(contentTypes)}
 }
 
-// run applies one attempt on the lane's connection: the call of fn with
-// args, its one value scanned into dest. The attempt is one Query message
+// run applies one attempt on the lane's connection: the function call that
+// call writes, its one value scanned into dest. The attempt is one Query message
 // and its answer, one round trip (adr/0005, "One round trip"):
 //
 //	SET TRANSACTION ISOLATION LEVEL READ COMMITTED, READ WRITE;
@@ -233,7 +263,7 @@ func batchArgs(evs []event.Event) []any {
 // lane closes its connection instead (watch): the attempt fails, unacked,
 // and its message goes back to the queue; a commit under way completes on
 // the server or not at all, and the inbox absorbs the redelivery either way.
-func (l *lane) run(ctx context.Context, fn string, args []any, dest any) error {
+func (l *lane) run(ctx context.Context, call func(*strings.Builder) error, dest any) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -244,8 +274,9 @@ func (l *lane) run(ctx context.Context, fn string, args []any, dest any) error {
 		}
 	}
 	var q strings.Builder
+	q.Grow(1024) // an event's statement, written without growing
 	q.WriteString(l.head)
-	if err := inlineCall(&q, fn, args); err != nil {
+	if err := call(&q); err != nil {
 		return err
 	}
 	if l.beforeSend != nil {
@@ -447,10 +478,6 @@ func (l *lane) discard() {
 
 // jsonb passes JSON bytes as a jsonb parameter: as text, or NULL when there
 // are none (a []byte would be sent as bytea).
-func jsonb(b []byte) *string {
-	if b == nil {
-		return nil
-	}
-	s := string(b)
-	return &s
+func jsonb(b []byte) sql.NullString {
+	return sql.NullString{String: string(b), Valid: b != nil}
 }

@@ -48,11 +48,10 @@ func writeLiteral(b *strings.Builder, v any) error {
 		writeText(b, x)
 		return nil
 	case sql.NullString:
-		if !x.Valid {
-			b.WriteString("NULL")
-		} else {
-			writeText(b, x.String)
-		}
+		writeNullText(b, x)
+		return nil
+	case []byte:
+		writeBytes(b, x)
 		return nil
 	}
 	dv, err := driver.DefaultParameterConverter.ConvertValue(v)
@@ -65,24 +64,9 @@ func writeLiteral(b *strings.Builder, v any) error {
 	case string:
 		writeText(b, x)
 	case []byte:
-		if x == nil {
-			b.WriteString("NULL")
-			return nil
-		}
-		b.WriteString(`E'\\x`)
-		var chunk [128]byte
-		for len(x) > 0 {
-			n := min(len(x), len(chunk)/2)
-			hex.Encode(chunk[:], x[:n])
-			b.Write(chunk[:2*n])
-			x = x[n:]
-		}
-		b.WriteByte('\'')
+		writeBytes(b, x)
 	case int64:
-		var digits [24]byte
-		b.WriteByte('\'')
-		b.Write(strconv.AppendInt(digits[:0], x, 10))
-		b.WriteByte('\'')
+		writeInt(b, x)
 	case bool:
 		if x {
 			b.WriteString("'true'")
@@ -93,6 +77,40 @@ func writeLiteral(b *strings.Builder, v any) error {
 		return fmt.Errorf("a %T cannot be written as a literal", dv)
 	}
 	return nil
+}
+
+// writeInt writes n, quoted like every other literal.
+func writeInt(b *strings.Builder, n int64) {
+	var digits [24]byte
+	b.WriteByte('\'')
+	b.Write(strconv.AppendInt(digits[:0], n, 10))
+	b.WriteByte('\'')
+}
+
+// writeNullText writes s's text, or NULL.
+func writeNullText(b *strings.Builder, s sql.NullString) {
+	if !s.Valid {
+		b.WriteString("NULL")
+		return
+	}
+	writeText(b, s.String)
+}
+
+// writeBytes writes p in bytea's hex form, or NULL for a nil p.
+func writeBytes(b *strings.Builder, p []byte) {
+	if p == nil {
+		b.WriteString("NULL")
+		return
+	}
+	b.WriteString(`E'\\x`)
+	var chunk [128]byte
+	for len(p) > 0 {
+		n := min(len(p), len(chunk)/2)
+		hex.Encode(chunk[:], p[:n])
+		b.Write(chunk[:2*n])
+		p = p[n:]
+	}
+	b.WriteByte('\'')
 }
 
 // writeText writes s quoted as pq.QuoteLiteral quotes it, with no copy of

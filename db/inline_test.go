@@ -14,6 +14,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/lib/pq"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"transferconsumer/event"
 )
@@ -364,5 +365,32 @@ func TestTextIsQuotedAsPqQuotesIt(t *testing.T) {
 		if want := pq.QuoteLiteral(s); b.String() != want {
 			t.Fatalf("%q written as %q, pq.QuoteLiteral writes %q", s, b.String(), want)
 		}
+	}
+}
+
+// An event's call, written field by field, is the call of apply_event with
+// its thirteen parameters in their order, as the generic writer writes
+// them: for an event that keeps its message and for one that does not.
+func TestEventCallIsApplyEventsParameters(t *testing.T) {
+	completed := newEvent(t, newID(), event.TransferCompleted, newID(), "acc_s", "acc_t", 7)
+	completed.Message = event.Message{RoutingKey: "acc_'s", Body: []byte(`{"a":"\\"}`), Headers: amqp.Table{"k": "v"},
+		MessageID: "m-1", ContentType: "application/json"}
+	created := newEvent(t, newID(), event.TransferCreated, newID(), "acc_s", "acc_t", 7)
+	for _, ev := range []event.Event{completed, created} {
+		t.Run(ev.Type, func(t *testing.T) {
+			tr, m := ev.Transfer, messageOf(ev)
+			var want, got strings.Builder
+			if err := inlineCall(&want, "apply_event", []any{ev.ID, ev.Type, ev.Fingerprint, tr.ID, tr.FromAccount,
+				tr.ToAccount, tr.AmountMinor, tr.Currency, m.key, m.body, jsonb(m.headers), m.id, m.contentType}); err != nil {
+				t.Fatal(err)
+			}
+			writeEventCall(&got, ev)
+			if got.String() != want.String() {
+				t.Errorf("wrote\n%s\nwant\n%s", got.String(), want.String())
+			}
+			if ev.Type == event.TransferCompleted && strings.Count(got.String(), "NULL") != 0 {
+				t.Errorf("a completed transfer's message was not written: %s", got.String())
+			}
+		})
 	}
 }

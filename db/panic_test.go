@@ -3,6 +3,7 @@ package db
 import (
 	"context"
 	"database/sql/driver"
+	"strings"
 	"testing"
 	"time"
 
@@ -142,13 +143,12 @@ func TestLaneWhoseArgumentPanickedHoldsNothing(t *testing.T) {
 	in := NewInbox(database)
 	ev := newEvent(t, newID(), event.TransferCreated, newID(), "acc_c", "acc_d", 300)
 	l := in.Lane(10 * time.Second).(*lane)
-	args := eventArgs(ev)
-	args[len(args)-1] = panicValuer{}
+	args := []any{ev.ID, ev.Type, panicValuer{}}
 	var p any
 	if !returnsWithin(10*time.Second, func() {
 		defer func() { p = recover() }()
 		var outcome string
-		_ = l.run(context.Background(), "apply_event", args, &outcome)
+		_ = l.run(context.Background(), func(b *strings.Builder) error { return inlineCall(b, "apply_event", args) }, &outcome)
 	}) {
 		t.Fatal("the panic did not reach the caller within 10s")
 	}
