@@ -47,6 +47,9 @@ type result struct {
 	// over the window, counted by valgrind (the other figures are then of
 	// a process slowed many times over, not for comparing).
 	InstrPerEvent float64 `json:"instructions_per_event,omitempty"`
+	// With -syscalls: the consumer's system calls per event over the
+	// window, counted by perf (the tracepoint raw_syscalls:sys_enter).
+	SyscallsPerEvent float64 `json:"syscalls_per_event,omitempty"`
 }
 
 type harness struct {
@@ -59,6 +62,7 @@ type harness struct {
 	logs                    string // where subjects' logs go: memory when possible
 	baseline                string // another build of the service, or ""
 	userID                  string // the user_id property the backlog is published with, or ""
+	syscalls                bool   // count the consumers' system calls (perf)
 	batch                   int    // BATCH_MAX of the subject "batch"
 	baselineBatch           int    // BATCH_MAX of the subject "baseline"
 	steadyRate              int    // events/s of a steady load instead of a backlog, or 0
@@ -334,6 +338,13 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 			return r, err
 		}
 	}
+	var sc *syscallCount
+	if h.syscalls && subject != "dbonly" && subject != "ackonly" {
+		if sc, err = countSyscalls(pid); err != nil { // from the first event on
+			cmd.Process.Kill()
+			return r, err
+		}
+	}
 	begin := takeSnapshot(pid)
 
 	// Done when every event is in the inbox (or, without a database, when
@@ -371,6 +382,14 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 		}
 	}
 	peakKiB = max(peakKiB, vmHWM(pid))
+	if sc != nil && !exitedEarly {
+		n, err := sc.stop()
+		if err != nil {
+			cmd.Process.Kill()
+			return r, err
+		}
+		r.SyscallsPerEvent = float64(n) / float64(h.events-1)
+	}
 	if cgOut != "" && !exitedEarly {
 		// The counts are dumped, then the process killed: callgrind does
 		// not survive the Go runtime's signal handling on SIGTERM.
@@ -730,6 +749,34 @@ func procCPU(pid int) (string, float64, bool) {
 	stime, _ := strconv.ParseFloat(fields[12], 64)
 	const ticks = 100 // USER_HZ on Linux
 	return s[open+1 : closeIdx], (utime + stime) / ticks, true
+}
+
+// syscallCount is perf counting a process's system calls.
+type syscallCount struct {
+	cmd *exec.Cmd
+	out bytes.Buffer
+}
+
+// countSyscalls starts counting the system calls of every thread of pid.
+func countSyscalls(pid int) (*syscallCount, error) {
+	c := &syscallCount{cmd: exec.Command("perf", "stat", "-x,", "-e", "raw_syscalls:sys_enter", "-p", strconv.Itoa(pid))}
+	c.cmd.Stderr = &c.out
+	if err := c.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("perf stat (Debian's linux-perf, for -syscalls): %w", err)
+	}
+	return c, nil
+}
+
+// stop ends the count and returns it.
+func (c *syscallCount) stop() (int64, error) {
+	c.cmd.Process.Signal(os.Interrupt)
+	c.cmd.Wait()
+	for _, line := range strings.Split(c.out.String(), "\n") {
+		if f := strings.Split(line, ","); len(f) > 2 && f[2] == "raw_syscalls:sys_enter" {
+			return strconv.ParseInt(f[0], 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("perf stat counted no system calls: %s", c.out.String())
 }
 
 // underCallgrind runs cmd under valgrind's callgrind, which counts the

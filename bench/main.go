@@ -62,6 +62,7 @@ func main() {
 	out := flag.String("out", "bench-results.json", "machine-readable results")
 	svg := flag.String("svg", "bench-throughput.svg", "plot of events/s against queue count")
 	callgrind := flag.String("callgrind", "", "run the consumers under valgrind's callgrind and report their user-space instructions per event, writing the counts into this directory (slow; use few events)")
+	syscalls := flag.Bool("syscalls", false, "count each consumer's system calls per event with perf stat (Debian's linux-perf), from its first event to its last")
 	profiles := flag.String("cpuprofile", "", "write CPU profiles of every subject into this directory (slows them: not for the table)")
 	report := flag.String("report", "", "print the table and write the plot of an earlier run's results (its -out file), measuring nothing")
 	reconcileRows := flag.Int("reconcile", 0, "instead, load this many transfers of history and time reconcile on it, idle and while the service drains -events at the first of -queues (reconcile.go)")
@@ -90,6 +91,7 @@ func main() {
 	if err != nil {
 		fail(err)
 	}
+	h.syscalls = *syscalls
 	if u, err := url.Parse(h.amqpURL); err == nil && *userID {
 		h.userID = u.User.Username() // the broker refuses any other
 	}

@@ -60,7 +60,8 @@ func printTable(w io.Writer, results []result) {
 	}
 	tw.Flush()
 	printBatchRatios(w, results)
-	printInstructions(w, results)
+	printPerEvent(w, results, "instr/event", instrPerEvent)
+	printPerEvent(w, results, "syscalls/event", func(r result) float64 { return r.SyscallsPerEvent })
 
 	if !hasSubject(results, "baseline") {
 		return
@@ -78,14 +79,15 @@ func printTable(w io.Writer, results []result) {
 
 func instrPerEvent(r result) float64 { return r.InstrPerEvent }
 
-// printInstructions prints, for a -callgrind run, each consumer's user-space
-// instructions per event and their ratios to the bare loop's: counts, not
-// times, so they hold from run to run on a busy machine.
-func printInstructions(w io.Writer, results []result) {
+// printPerEvent prints a count per event that f reads from each consumer's
+// results (-callgrind's user-space instructions, -syscalls' system calls),
+// and their ratios to the bare loop's: counts, not times, so they hold from
+// run to run on a busy machine.
+func printPerEvent(w io.Writer, results []result, name string, f func(result) float64) {
 	var subjects []string
 	for _, s := range []string{"service", "batch", "baseline", "peer", "bare"} {
 		for _, r := range results {
-			if r.Subject == s && r.InstrPerEvent > 0 {
+			if r.Subject == s && f(r) > 0 {
 				subjects = append(subjects, s)
 				break
 			}
@@ -98,7 +100,7 @@ func printInstructions(w io.Writer, results []result) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprint(tw, "queues\t")
 	for _, s := range subjects {
-		fmt.Fprintf(tw, "%s instr/event\t", s)
+		fmt.Fprintf(tw, "%s %s\t", s, name)
 	}
 	for _, s := range subjects {
 		if s != "bare" {
@@ -109,12 +111,12 @@ func printInstructions(w io.Writer, results []result) {
 	for _, q := range queueCounts(results) {
 		fmt.Fprintf(tw, "%d\t", q)
 		for _, s := range subjects {
-			v, _ := median(results, s, q, instrPerEvent)
+			v, _ := median(results, s, q, f)
 			fmt.Fprintf(tw, "%.0f\t", v)
 		}
 		for _, s := range subjects {
 			if s != "bare" {
-				fmt.Fprintf(tw, "%s\t", medianRatio(results, s, "bare", q, instrPerEvent))
+				fmt.Fprintf(tw, "%s\t", medianRatio(results, s, "bare", q, f))
 			}
 		}
 		fmt.Fprintln(tw)
