@@ -28,7 +28,13 @@ type Inbox struct {
 }
 
 // NewInbox returns an Inbox over db.
-func NewInbox(db *sqlx.DB) *Inbox { return &Inbox{db: db, maxOpen: db.Stats().MaxOpenConnections} }
+func NewInbox(db *sqlx.DB) *Inbox {
+	in := &Inbox{db: db}
+	if db != nil {
+		in.maxOpen = db.Stats().MaxOpenConnections
+	}
+	return in
+}
 
 // Apply claims ev.ID in the inbox and applies its effect in the same local
 // transaction, then commits. The work is one call of the apply_event
