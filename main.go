@@ -48,6 +48,9 @@ func main() {
 			os.Exit(cli.ExitFound) // reconcile: its report says what it found
 		}
 		fmt.Fprintln(os.Stderr, "error:", err)
+		if cli.Unseen(err) {
+			os.Exit(cli.ExitUnseen) // reconcile --require-dlq: the DLQ was not read whole
+		}
 		os.Exit(1)
 	}
 }

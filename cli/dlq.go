@@ -51,6 +51,12 @@ with the run's id (header x-replay-run) and never replays one that carries it:
 a letter that fails again at once is back in the DLQ when the run ends,
 replayed once. Run replay again to retry it.
 
+A run cannot get the letters another reader holds unacknowledged meanwhile
+(another dlq command, a replay waiting for its confirms, the management
+UI's Get messages). With MANAGEMENT_URL set, each run compares what it read
+with the broker's own count and says how many it did not see; without, it
+says that it could not check.
+
 Classes (--class): poison, producer-conflict, invalid-transition,
 data-rejected, unauthorized and panic (an event whose handling panicked
 three times), set by the service; rejected, expired, maxlen and
@@ -151,11 +157,13 @@ func dlqCommand(cfg config.Config, a dlqArgs, stdin io.Reader, stdout, stderr io
 			return noDLQ(cfg, err)
 		}
 		printSummary(stdout, dlq.Queue(cfg.Prefix), s)
+		lookAtDLQ(cfg, s.Total).note(stdout)
 		return nil
 	}
 	if !a.includeOld {
 		a.filter.FailedAfter = time.Now().Add(-cfg.InboxTTL)
 	}
+	before := lookAtDLQ(cfg, 0)
 	r, err := dlq.ReplayAs(conn, cfg.Prefix, a.filter, a.limit, a.dryRun, dlq.Custody{Replayers: strings.Split(cfg.Replayers, ",")})
 	err = noDLQ(cfg, err)
 	verb := "replayed"
@@ -184,6 +192,7 @@ func dlqCommand(cfg config.Config, a dlqArgs, stdin io.Reader, stdout, stderr io
 			strings.Join(counts, ", "), strings.Join(names, " or "))
 	}
 	printLetters(stdout, r.Replayed)
+	before.against(r.Depth).note(stdout)
 	return err
 }
 

@@ -45,6 +45,7 @@ func dropCommand(cfg config.Config, a dlqArgs, stdin io.Reader, stdout, stderr i
 	}
 	defer conn.Close()
 
+	before := lookAtDLQ(cfg, 0)
 	limit := a.limit
 	if !a.dryRun && !a.yes {
 		preview, err := dlq.Drop(conn, cfg.Prefix, a.filter, a.limit, true, nil)
@@ -54,6 +55,7 @@ func dropCommand(cfg config.Config, a dlqArgs, stdin io.Reader, stdout, stderr i
 		if len(preview.Dropped) == 0 {
 			fmt.Fprintf(report, "scanned %d of the %d dead letter(s) the DLQ held at the start, none to drop\n",
 				preview.Scanned, preview.Depth)
+			before.against(preview.Depth).note(report)
 			return nil
 		}
 		printLetters(report, preview.Dropped)
@@ -81,6 +83,7 @@ func dropCommand(cfg config.Config, a dlqArgs, stdin io.Reader, stdout, stderr i
 		fmt.Fprintf(report, "each recorded in %s before it was removed\n", where)
 	}
 	printLetters(report, r.Dropped)
+	before.against(r.Depth).note(report)
 	return err
 }
 

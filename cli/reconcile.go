@@ -19,7 +19,7 @@ import (
 	"transferconsumer/observe"
 )
 
-const reconcileUsage = `Usage: transferconsumer reconcile [--json] [-n N] [--skip-dlq | --require-dlq]
+const reconcileUsage = `Usage: transferconsumer reconcile [--json] [-n N] [--skip-dlq | --require-dlq [--dlq-wait D]]
 
 Reads the database in one consistent snapshot, changes nothing, and reports
 (adr/0007):
@@ -32,13 +32,39 @@ Reads the database in one consistent snapshot, changes nothing, and reports
     replay the inbox can no longer prove harmless. The DLQ is read as
     dlq list reads it and left as it was; when the broker cannot be read
     the report says so and the rest stands, unless --require-dlq.
+    Letters another reader holds unacknowledged cannot be read: with
+    MANAGEMENT_URL set, the report compares what it read with the broker's
+    count and says how many it did not see; with --require-dlq it reads
+    again, for up to --dlq-wait, until it sees them all.
 
-Exit status: 0 when nothing was found, 3 when something was, 1 on an error.
+Exit status: 0 when nothing was found, 3 when something was, 4 when
+--require-dlq could not see every dead letter the broker counts, 1 on an
+error.
 `
 
 // ExitFound is reconcile's exit status when it found something to look into:
 // distinct from 1, an error, so that a job or a script can tell them apart.
 const ExitFound = 3
+
+// ExitUnseen is reconcile's exit status when --require-dlq could not see
+// every dead letter the broker counts (another reader held them for all of
+// --dlq-wait): its verdict on the letters is not whole.
+const ExitUnseen = 4
+
+// unseenError is reconcile's answer when --require-dlq read only part of
+// the DLQ.
+type unseenError struct{ sight sight }
+
+func (e unseenError) Error() string {
+	return "reconcile: the dead-letter queue was not read whole (--require-dlq): " + e.sight.String()
+}
+
+// Unseen reports whether err is reconcile's "the DLQ was not read whole":
+// the caller prints it and exits with ExitUnseen.
+func Unseen(err error) bool {
+	_, ok := errors.AsType[unseenError](err)
+	return ok
+}
 
 // foundError is reconcile's answer when its report shows findings; the
 // report has said what, so main prints nothing more.
@@ -58,8 +84,9 @@ func Found(err error) bool {
 // reconcileArgs is a parsed reconcile command line.
 type reconcileArgs struct {
 	json    bool
-	first   int    // findings of each kind shown
-	dlqRead string // read, skip or require
+	first   int           // findings of each kind shown
+	dlqRead string        // read, skip or require
+	dlqWait time.Duration // require: how long to read again for letters another reader holds
 }
 
 func parseReconcile(args []string, help io.Writer) (reconcileArgs, error) {
@@ -70,7 +97,8 @@ func parseReconcile(args []string, help io.Writer) (reconcileArgs, error) {
 	fset.BoolVar(&a.json, "json", false, "print the report as JSON")
 	fset.IntVar(&a.first, "n", 20, "findings of each kind to show (all are counted)")
 	skip := fset.Bool("skip-dlq", false, "do not read the dead-letter queue")
-	require := fset.Bool("require-dlq", false, "fail (exit 1) when the dead-letter queue cannot be read")
+	require := fset.Bool("require-dlq", false, "fail (exit 1) when the dead-letter queue cannot be read, and (exit 4) when it cannot be read whole")
+	fset.DurationVar(&a.dlqWait, "dlq-wait", 30*time.Second, "with --require-dlq: how long to read again while another reader holds dead letters")
 	err := fset.Parse(args)
 	switch {
 	case errors.Is(err, flag.ErrHelp):
@@ -84,6 +112,8 @@ func parseReconcile(args []string, help io.Writer) (reconcileArgs, error) {
 		return a, fmt.Errorf("reconcile takes no arguments, got %q\n\n%s", fset.Args(), reconcileUsage)
 	case a.first < 0:
 		return a, fmt.Errorf("reconcile: -n must not be negative, got %d\n\n%s", a.first, reconcileUsage)
+	case a.dlqWait < 0:
+		return a, fmt.Errorf("reconcile: --dlq-wait must not be negative, got %s\n\n%s", a.dlqWait, reconcileUsage)
 	case *skip && *require:
 		return a, fmt.Errorf("reconcile: --skip-dlq and --require-dlq contradict each other\n\n%s", reconcileUsage)
 	case *skip:
@@ -113,6 +143,7 @@ type deadLetters struct {
 	Old     int          `json:"older_than_inbox_ttl"`
 	Undated int          `json:"undated"`
 	Letters []deadLetter `json:"letters"` // the first old or undated ones
+	Sight   sight        `json:"sight"`   // what the read could not see
 }
 
 type deadLetter struct {
@@ -137,7 +168,9 @@ func (r reconcileReport) findings() int {
 
 // reconcile runs one reconciliation; with exclusive, only if no other
 // replica's periodic run holds the lock (Ran says whether it did).
-func reconcile(ctx context.Context, database *sqlx.DB, cfg config.Config, first int, exclusive, readDLQ bool) (reconcileReport, error) {
+// With readDLQ it reads the DLQ too, again for up to dlqWait while
+// another reader holds letters.
+func reconcile(ctx context.Context, database *sqlx.DB, cfg config.Config, first int, exclusive, readDLQ bool, dlqWait time.Duration) (reconcileReport, error) {
 	start := time.Now()
 	rep := reconcileReport{Window: cfg.ReconcileWindow, After: cfg.PendingAfter, InboxTTL: cfg.InboxTTL}
 	var err error
@@ -148,7 +181,7 @@ func reconcile(ctx context.Context, database *sqlx.DB, cfg config.Config, first 
 	}
 	rep.DeadLetters = deadLetters{Error: "not read: RECONCILE_DLQ is false"}
 	if readDLQ {
-		rep.DeadLetters = readDeadLetters(cfg, first)
+		rep.DeadLetters = readDeadLetters(cfg, first, dlqWait)
 	}
 	rep.Duration = time.Since(start)
 	return rep, nil
@@ -157,18 +190,22 @@ func reconcile(ctx context.Context, database *sqlx.DB, cfg config.Config, first 
 // readDeadLetters counts the dead letters that failed longer ago than
 // INBOX_TTL, and those that show no time at all: replay leaves both alone
 // (adr/0003), since the inbox may have forgotten an event they hold. It
-// reads the DLQ as dlq list does, returning every letter in place.
-func readDeadLetters(cfg config.Config, first int) deadLetters {
+// reads the DLQ as dlq list does, returning every letter in place, and
+// again, for up to wait, while the broker counts letters it did not see.
+func readDeadLetters(cfg config.Config, first int, wait time.Duration) deadLetters {
 	conn, err := dial(cfg, "reconcile")
 	if err != nil {
 		return deadLetters{Error: "not read: " + err.Error()}
 	}
 	defer conn.Close()
-	s, err := dlq.List(conn, cfg.Prefix, math.MaxInt)
+	s, seen, err := waitForSight(cfg, wait, func() (dlq.Summary, int, error) {
+		s, err := dlq.List(conn, cfg.Prefix, math.MaxInt)
+		return s, s.Total, err
+	})
 	if err != nil {
 		return deadLetters{Error: "not read: " + err.Error()}
 	}
-	d := deadLetters{Read: true, Total: s.Total}
+	d := deadLetters{Read: true, Total: s.Total, Sight: seen}
 	cutoff := time.Now().Add(-cfg.InboxTTL)
 	for _, l := range s.Letters {
 		since := l.DeadSince
@@ -207,7 +244,11 @@ func reconcileCommand(ctx context.Context, cfg config.Config, migrations fs.FS, 
 	} else if len(missing) > 0 {
 		return fmt.Errorf("reconcile: the schema lacks the migrations %v: run transferconsumer migrate first", missing)
 	}
-	rep, err := reconcile(ctx, database, cfg, a.first, false, a.dlqRead != "skip")
+	wait := time.Duration(0)
+	if a.dlqRead == "require" {
+		wait = a.dlqWait
+	}
+	rep, err := reconcile(ctx, database, cfg, a.first, false, a.dlqRead != "skip", wait)
 	if err != nil {
 		return err
 	}
@@ -224,6 +265,8 @@ func reconcileCommand(ctx context.Context, cfg config.Config, migrations fs.FS, 
 		return err
 	case a.dlqRead == "require" && !rep.DeadLetters.Read:
 		return fmt.Errorf("reconcile: the dead-letter queue could not be read (--require-dlq): %s", rep.DeadLetters.Error)
+	case a.dlqRead == "require" && rep.DeadLetters.Sight.Unseen > 0:
+		return unseenError{rep.DeadLetters.Sight}
 	case rep.findings() > 0:
 		return foundError{rep.findings()}
 	}
@@ -253,7 +296,7 @@ func ReconcileLoop(ctx context.Context, database *sqlx.DB, cfg config.Config, m 
 		// its snapshot (and vacuum's horizon with it) for ever; never
 		// tighter than ten minutes, whatever a short interval says.
 		run, cancel := context.WithTimeout(ctx, max(cfg.ReconcileEvery, 10*time.Minute))
-		rep, err := reconcile(run, database, cfg, logFirst, true, cfg.ReconcileDLQ)
+		rep, err := reconcile(run, database, cfg, logFirst, true, cfg.ReconcileDLQ, 0)
 		cancel()
 		switch {
 		case err != nil && ctx.Err() == nil:

@@ -31,6 +31,9 @@ func printReconcile(w io.Writer, rep reconcileReport) {
 	fmt.Fprintf(tw, "  transitions waiting (over %s)\t%s\n", rep.After, count(rep.WaitCount, "none", "waiting for their creation"))
 	fmt.Fprintf(tw, "  dead letters older than INBOX_TTL (%s)\t%s\n", rep.InboxTTL, letters)
 	tw.Flush()
+	if rep.DeadLetters.Read {
+		rep.DeadLetters.Sight.note(w)
+	}
 
 	section := func(title string, shown, total int, header string, row func(i int) string) {
 		if total == 0 {

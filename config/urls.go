@@ -138,6 +138,13 @@ func splitURLs(setting string) []string {
 	return urls
 }
 
+// Management returns the management API MANAGEMENT_URL names, nil when it
+// is unset (the configuration was validated at load).
+func (c Config) Management() *topology.Management {
+	m, _ := c.management()
+	return m
+}
+
 // management returns the management API MANAGEMENT_URL names, nil when
 // it is unset. An error names the variable and never quotes a password.
 func (c Config) management() (*topology.Management, error) {

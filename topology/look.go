@@ -106,3 +106,40 @@ func (m *Management) target(brokerURL string) (api *url.URL, user, password, vho
 	}
 	return api, user, password, url.PathEscape(uri.Vhost), nil
 }
+
+// QueueCount is the broker's own count of a queue's messages: all of them,
+// those ready to be delivered, and those delivered and not yet
+// acknowledged (held by a consumer or by a reader's basic.get). It comes
+// from the management API's statistics, which the broker refreshes every
+// collect_statistics_interval (5 s by default): a count can be that old.
+type QueueCount struct {
+	Messages, Ready, Unacked int64
+}
+
+// Count returns the broker's count of queue in the vhost of brokerURL; ok
+// is false when the queue does not exist or the API has no figure for it
+// yet.
+func (m *Management) Count(ctx context.Context, brokerURL, queue string) (c QueueCount, ok bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	api, user, password, vhost, err := m.target(brokerURL)
+	if err != nil {
+		return c, false, err
+	}
+	body, err := m.get(ctx, api, user, password, "/api/queues/"+vhost+"/"+url.PathEscape(queue))
+	if err != nil || body == nil {
+		return c, false, err
+	}
+	var q struct {
+		Messages *int64 `json:"messages"`
+		Ready    *int64 `json:"messages_ready"`
+		Unacked  *int64 `json:"messages_unacknowledged"`
+	}
+	if err := json.Unmarshal(body, &q); err != nil {
+		return c, false, fmt.Errorf("management API: queue %s: %w", queue, err)
+	}
+	if q.Messages == nil || q.Ready == nil || q.Unacked == nil {
+		return c, false, nil
+	}
+	return QueueCount{Messages: *q.Messages, Ready: *q.Ready, Unacked: *q.Unacked}, true, nil
+}
