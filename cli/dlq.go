@@ -57,6 +57,11 @@ UI's Get messages). With MANAGEMENT_URL set, each run compares what it read
 with the broker's own count and says how many it did not see; without, it
 says that it could not check.
 
+Before it reads, each command checks that reading cannot drop letters: where
+the DLQ has a delivery limit that counts a return (on 3.x and 4.0-4.2 every
+return counts; from 4.3 a basic.nack, which these commands use, does not),
+it refuses, and reads only with --spend-deliveries.
+
 Classes (--class): poison, producer-conflict, invalid-transition,
 data-rejected, unauthorized and panic (an event whose handling panicked
 three times), set by the service; rejected, expired, maxlen and
@@ -74,6 +79,7 @@ type dlqArgs struct {
 	includeOld bool   // replay letters older than INBOX_TTL too
 	record     string // drop: the file each letter is written to first, "-" for stdout
 	yes        bool   // drop without asking
+	spend      bool   // read even where reading spends the letters' deliveries (guardDLQ)
 }
 
 // parseDLQ parses the arguments of dlq; it needs neither the configuration
@@ -115,6 +121,8 @@ func parseDLQ(args []string, help io.Writer) (dlqArgs, error) {
 	default:
 		return a, usageErr(fmt.Sprintf("unknown dlq command %q", a.cmd))
 	}
+	fset.BoolVar(&a.spend, "spend-deliveries", false,
+		"read even where the DLQ's delivery limit counts each read as a delivery and drops letters past it (refused otherwise)")
 	err := fset.Parse(args[1:])
 	switch {
 	case errors.Is(err, flag.ErrHelp):
@@ -151,6 +159,9 @@ func dlqCommand(cfg config.Config, a dlqArgs, stdin io.Reader, stdout, stderr io
 		return err
 	}
 	defer conn.Close()
+	if err := guardDLQ(cfg, conn, a.spend, stderr); err != nil {
+		return fmt.Errorf("dlq %s: %w", a.cmd, err)
+	}
 	if a.cmd == "list" {
 		s, err := dlq.List(conn, cfg.Prefix, a.first)
 		if err != nil {

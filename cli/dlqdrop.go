@@ -44,6 +44,9 @@ func dropCommand(cfg config.Config, a dlqArgs, stdin io.Reader, stdout, stderr i
 		return err
 	}
 	defer conn.Close()
+	if err := guardDLQ(cfg, conn, a.spend, stderr); err != nil {
+		return fmt.Errorf("dlq drop: %w", err)
+	}
 
 	before := lookAtDLQ(cfg, 0)
 	limit := a.limit

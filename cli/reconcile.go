@@ -198,6 +198,9 @@ func readDeadLetters(cfg config.Config, first int, wait time.Duration) deadLette
 		return deadLetters{Error: "not read: " + err.Error()}
 	}
 	defer conn.Close()
+	if err := guardDLQ(cfg, conn, false, io.Discard); err != nil {
+		return deadLetters{Error: "not read: " + err.Error()}
+	}
 	s, seen, err := waitForSight(cfg, wait, func() (dlq.Summary, int, error) {
 		s, err := dlq.List(conn, cfg.Prefix, math.MaxInt)
 		return s, s.Total, err

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -105,5 +106,101 @@ func TestDLQReadSaysWhatItDidNotSee(t *testing.T) {
 	}
 	if out, stderr, code := rec("--require-dlq", "--dlq-wait", "30s"); code != 0 {
 		t.Errorf("reconcile --require-dlq once the holder let go: exit %d, want 0\n%s%s", code, out, stderr)
+	}
+}
+
+// A DLQ declared as an estate's administrator might, a quorum queue with no
+// x-delivery-limit, has RabbitMQ 4.x's default limit of 20: on 4.0–4.2
+// every return of a letter counts, so every read would spend one of each
+// letter's deliveries until the broker drops it. Every dlq command warns
+// before it reads, and refuses to spend one without --spend-deliveries,
+// with and without the management API. On 3.x such a queue has no limit,
+// and from 4.3 the commands' returns (basic.nack) do not count: they read,
+// and on 4.3 they warn that other looks do count.
+func TestDLQWithALimitIsNotSpentByLooking(t *testing.T) {
+	parallel(t)
+	e := newEnv(t)
+	e.declare(2)
+	queue := dlq.Queue(prefix)
+	conn, err := amqp.Dial(e.amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	version, _ := conn.Properties["version"].(string)
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDelete(queue, false, false, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(queue, "", dlq.Exchange(prefix), false, nil); err != nil {
+		t.Fatal(err)
+	}
+	e.deadLetters(letter{newUUID(), "poison", "kept", []byte(`{}`)})
+
+	var major, minor int
+	fmt.Sscanf(version, "%d.%d", &major, &minor)
+	spends := major == 4 && minor < 3
+	for _, extra := range [][]string{nil, {"MANAGEMENT_URL=" + e.b.managementURL}} {
+		for _, args := range [][]string{{"dlq", "list"}, {"dlq", "replay", "--dry-run", "--class", "poison"},
+			{"dlq", "drop", "--dry-run", "--class", "poison"}} {
+			out, stderr, err := e.command(nil, extra, args...)
+			switch {
+			case spends && (err == nil || !strings.Contains(stderr, "would spend one delivery of each letter") || !strings.Contains(stderr, "--spend-deliveries")):
+				t.Errorf("RabbitMQ %s, %v %v: %v, want a refusal that names --spend-deliveries\n%s%s", version, extra, args, err, out, stderr)
+			case major == 4 && minor >= 3 && (err != nil || !strings.Contains(stderr, "warning: "+queue+" can drop letters")):
+				t.Errorf("RabbitMQ %s, %v %v: %v, want a read with a warning\n%s%s", version, extra, args, err, out, stderr)
+			case major < 4 && (err != nil || strings.Contains(stderr, "warning")):
+				t.Errorf("RabbitMQ %s, %v %v: %v, want a read with no warning\n%s%s", version, extra, args, err, out, stderr)
+			}
+		}
+		if e.ready(queue) != 1 {
+			t.Fatalf("the letter left the DLQ")
+		}
+	}
+	if spends {
+		out, stderr, err := e.command(nil, nil, "dlq", "list", "--spend-deliveries")
+		if err != nil || !strings.Contains(out, ": 1 dead letter(s)") || !strings.Contains(stderr, "warning: reading spends one delivery") {
+			t.Errorf("dlq list --spend-deliveries on %s: %v\n%s%s", version, err, out, stderr)
+		}
+	}
+	// Nothing was spent but the one explicit read: the letter's next
+	// delivery shows how many returns the broker counted.
+	d, ok, err := ch.Get(queue, false)
+	if err != nil || !ok {
+		t.Fatalf("the letter: %v, %v", ok, err)
+	}
+	if n, _ := d.Headers["x-delivery-count"].(int64); spends && n != 1 {
+		t.Errorf("x-delivery-count %d after one read with --spend-deliveries, want 1", n)
+	}
+	d.Nack(false, true)
+}
+
+// Looking at a letter of the service's own DLQ, 30 times through the
+// management API's "Get messages" and 30 times with dlq list, leaves it
+// there, on every broker version.
+func TestThirtyLooksLeaveTheLetter(t *testing.T) {
+	parallel(t)
+	e := newEnv(t)
+	e.declare(2)
+	e.deadLetters(letter{newUUID(), "poison", "looked at", []byte(`{}`)})
+	for i := range 30 {
+		if n := len(e.peekDLQ()); n != 1 {
+			t.Fatalf("look %d through the management API: %d letters, want 1", i+1, n)
+		}
+	}
+	for i := range 30 {
+		out, stderr, err := e.command(nil, nil, "dlq", "list")
+		if err != nil || !strings.Contains(out, ": 1 dead letter(s)") || strings.Contains(stderr, "warning") {
+			t.Fatalf("dlq list %d: %v\n%s%s", i+1, err, out, stderr)
+		}
+	}
+	if n := e.ready(dlq.Queue(prefix)); n != 1 {
+		t.Errorf("%d letters after 60 looks, want 1", n)
 	}
 }
