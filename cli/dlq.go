@@ -17,7 +17,7 @@ import (
 )
 
 const dlqUsage = `Usage:
-  transferconsumer dlq list [-n N]
+  transferconsumer dlq list [-n N] [--wait D]
   transferconsumer dlq replay [--class C] [--reason TEXT] [--event-id ID] [--limit N] [--dry-run]
                               [--include-older-than-ttl]
   transferconsumer dlq drop --record FILE [--class C] [--reason TEXT] [--event-id ID] [--limit N]
@@ -54,8 +54,10 @@ replayed once. Run replay again to retry it.
 A run cannot get the letters another reader holds unacknowledged meanwhile
 (another dlq command, a replay waiting for its confirms, the management
 UI's Get messages). With MANAGEMENT_URL set, each run compares what it read
-with the broker's own count and says how many it did not see; without, it
-says that it could not check.
+with the broker's own count and says how many it did not see; list reads
+again, for up to --wait, until it sees them all (a replay under way lets go
+of its letters when it ends); without MANAGEMENT_URL, each says that it
+could not check.
 
 Before it reads, each command checks that reading cannot drop letters: where
 the DLQ has a delivery limit that counts a return (on 3.x and 4.0-4.2 every
@@ -76,10 +78,11 @@ type dlqArgs struct {
 	filter     dlq.Filter
 	limit      int
 	dryRun     bool
-	includeOld bool   // replay letters older than INBOX_TTL too
-	record     string // drop: the file each letter is written to first, "-" for stdout
-	yes        bool   // drop without asking
-	spend      bool   // read even where reading spends the letters' deliveries (guardDLQ)
+	includeOld bool          // replay letters older than INBOX_TTL too
+	record     string        // drop: the file each letter is written to first, "-" for stdout
+	yes        bool          // drop without asking
+	spend      bool          // read even where reading spends the letters' deliveries (guardDLQ)
+	wait       time.Duration // list: how long to read again while another reader holds letters
 }
 
 // parseDLQ parses the arguments of dlq; it needs neither the configuration
@@ -101,6 +104,8 @@ func parseDLQ(args []string, help io.Writer) (dlqArgs, error) {
 		return a, flag.ErrHelp
 	case "list":
 		fset.IntVar(&a.first, "n", 20, "how many dead letters to show")
+		fset.DurationVar(&a.wait, "wait", 30*time.Second,
+			"with MANAGEMENT_URL: how long to read again while another reader holds letters, before answering with what it saw")
 	case "replay", "drop":
 		fset.StringVar(&a.filter.Class, "class", "", "only this failure class (see Classes above)")
 		fset.StringVar(&a.filter.Reason, "reason", "", "only letters whose reason contains this text")
@@ -136,6 +141,8 @@ func parseDLQ(args []string, help io.Writer) (dlqArgs, error) {
 		return a, usageErr(fmt.Sprintf("dlq %s takes no arguments, got %q", a.cmd, fset.Args()))
 	case a.first < 0:
 		return a, usageErr(fmt.Sprintf("dlq list: -n must not be negative, got %d", a.first))
+	case a.wait < 0:
+		return a, usageErr(fmt.Sprintf("dlq list: --wait must not be negative, got %s", a.wait))
 	case a.limit < 0:
 		return a, usageErr(fmt.Sprintf("dlq %s: --limit must not be negative, got %d", a.cmd, a.limit))
 	case a.filter.Class != "" && !slices.Contains(dlq.Classes(), a.filter.Class):
@@ -163,12 +170,15 @@ func dlqCommand(cfg config.Config, a dlqArgs, stdin io.Reader, stdout, stderr io
 		return fmt.Errorf("dlq %s: %w", a.cmd, err)
 	}
 	if a.cmd == "list" {
-		s, err := dlq.List(conn, cfg.Prefix, a.first)
+		s, seen, err := waitForSight(cfg, a.wait, func() (dlq.Summary, int, error) {
+			s, err := dlq.List(conn, cfg.Prefix, a.first)
+			return s, s.Total, err
+		})
 		if err != nil {
 			return noDLQ(cfg, err)
 		}
 		printSummary(stdout, dlq.Queue(cfg.Prefix), s)
-		lookAtDLQ(cfg, s.Total).note(stdout)
+		seen.note(stdout)
 		return nil
 	}
 	if !a.includeOld {

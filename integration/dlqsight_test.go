@@ -1,9 +1,12 @@
 package integration
 
 import (
+	"bytes"
 	"fmt"
 	"net/http"
 	"net/url"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -61,7 +64,7 @@ func TestDLQReadSaysWhatItDidNotSee(t *testing.T) {
 	waitFor(t, 30*time.Second, "the broker's statistics to count 2 held", func() bool { _, u := count(); return u == 2 })
 
 	withAPI := []string{"MANAGEMENT_URL=" + e.b.managementURL}
-	out, stderr, err := e.command(nil, withAPI, "dlq", "list")
+	out, stderr, err := e.command(nil, withAPI, "dlq", "list", "--wait", "1s")
 	if err != nil || !strings.Contains(out, ": 1 dead letter(s)") ||
 		!strings.Contains(out, "2 dead letter(s) not seen: held by another reader (the broker counts 3, 2 of them unacknowledged") {
 		t.Errorf("dlq list with 2 of 3 letters held: %v\n%s%s", err, out, stderr)
@@ -203,4 +206,43 @@ func TestThirtyLooksLeaveTheLetter(t *testing.T) {
 	if n := e.ready(dlq.Queue(prefix)); n != 1 {
 		t.Errorf("%d letters after 60 looks, want 1", n)
 	}
+}
+
+// A dlq list while a replay holds letters waiting for its confirms gives a
+// complete answer: it reads again until it sees every letter the broker
+// counts, which it does once the replay lets go.
+func TestDLQListDuringAReplayIsWhole(t *testing.T) {
+	parallel(t)
+	e := newEnv(t)
+	e.declare(2)
+	queue := dlq.Queue(prefix)
+	var letters []letter
+	for range 600 {
+		letters = append(letters, letter{newUUID(), "data-rejected", "fixed since", []byte(`{}`)})
+	}
+	e.deadLetters(letters...)
+	waitFor(t, 30*time.Second, "the broker's statistics to count the letters", func() bool {
+		var q struct {
+			Messages int `json:"messages"`
+		}
+		e.b.mgmt(t, http.MethodGet, "/api/queues/"+url.PathEscape(e.vhost)+"/"+url.PathEscape(queue), nil, &q)
+		return q.Messages == len(letters)
+	})
+	withAPI := []string{"MANAGEMENT_URL=" + e.b.managementURL}
+	replay := exec.Command(buildService(t), "dlq", "replay", "--class", "data-rejected")
+	replay.Env = append(os.Environ(), e.commandEnv(2, withAPI...)...)
+	var replayOut bytes.Buffer
+	replay.Stdout, replay.Stderr = &replayOut, &replayOut
+	if err := replay.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "the replay to take letters", func() bool { return e.ready(queue) < len(letters) })
+	out, stderr, err := e.command(nil, withAPI, "dlq", "list", "--wait", "60s")
+	if werr := replay.Wait(); werr != nil {
+		t.Fatalf("replay: %v\n%s", werr, replayOut.String())
+	}
+	if err != nil || strings.Contains(out, "not seen") || strings.Contains(out, "not checked") || !strings.Contains(out, queue+": ") {
+		t.Errorf("dlq list during a replay: %v\n%s%s\nthe replay:\n%s", err, out, stderr, replayOut.String())
+	}
+	t.Logf("the list during the replay: %s", strings.SplitN(out, "\n", 2)[0])
 }
