@@ -181,7 +181,7 @@ func reconcile(ctx context.Context, database *sqlx.DB, cfg config.Config, first 
 	}
 	rep.DeadLetters = deadLetters{Error: "not read: RECONCILE_DLQ is false"}
 	if readDLQ {
-		rep.DeadLetters = readDeadLetters(cfg, first, dlqWait)
+		rep.DeadLetters = readDeadLetters(cfg, first, dlqWait, exclusive) // exclusive: the service's periodic run
 	}
 	rep.Duration = time.Since(start)
 	return rep, nil
@@ -192,7 +192,18 @@ func reconcile(ctx context.Context, database *sqlx.DB, cfg config.Config, first 
 // (adr/0003), since the inbox may have forgotten an event they hold. It
 // reads the DLQ as dlq list does, returning every letter in place, and
 // again, for up to wait, while the broker counts letters it did not see.
-func readDeadLetters(cfg config.Config, first int, wait time.Duration) deadLetters {
+//
+// The service's periodic run (periodic) reads only where guardDLQ can look
+// without a declare the user may not be allowed: through the management
+// API, or with DECLARE_TOPOLOGY=true, whose declare at start already
+// proved the DLQ's arguments the service's. Otherwise a refused declare
+// would log a channel error on the broker at every run, and a read without
+// the check could spend a letter's deliveries run after run.
+func readDeadLetters(cfg config.Config, first int, wait time.Duration, periodic bool) deadLetters {
+	if periodic && !cfg.DeclareTopology && cfg.Management() == nil {
+		return deadLetters{Error: "not read: with DECLARE_TOPOLOGY=false the periodic run reads the DLQ only with MANAGEMENT_URL set, " +
+			"to check without a declare that reading spends no delivery of its letters"}
+	}
 	conn, err := dial(cfg, "reconcile")
 	if err != nil {
 		return deadLetters{Error: "not read: " + err.Error()}
@@ -345,9 +356,13 @@ func logReconcile(log *slog.Logger, rep reconcileReport) {
 	if rep.findings() > 0 {
 		level = slog.LevelWarn
 	}
-	log.Log(context.Background(), level, "reconciled", "transfers", rep.Transfers, "accounts", rep.Accounts,
+	attrs := []any{"transfers", rep.Transfers, "accounts", rep.Accounts,
 		"drift", rep.DriftCount, "duplicate_intents", rep.DupCount, "waiting_transitions", rep.WaitCount,
-		"old_dead_letters", oldLetters(rep.DeadLetters), "duration_ms", rep.Duration.Milliseconds())
+		"old_dead_letters", oldLetters(rep.DeadLetters), "duration_ms", rep.Duration.Milliseconds()}
+	if !rep.DeadLetters.Read {
+		attrs = append(attrs, "dead_letters", rep.DeadLetters.Error) // why old_dead_letters is -1
+	}
+	log.Log(context.Background(), level, "reconciled", attrs...)
 }
 
 // oldLetters is the count of dead letters replay cannot prove harmless, -1

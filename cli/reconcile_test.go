@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -118,5 +119,53 @@ func TestReconcileReportAndStatus(t *testing.T) {
 	printReconcile(&text, clean)
 	if clean.findings() != 0 || strings.Contains(text.String(), "found:") || !strings.Contains(text.String(), "not read: --skip-dlq") {
 		t.Errorf("a clean report:\n%s", text.String())
+	}
+}
+
+// The service's periodic run, with DECLARE_TOPOLOGY=false and no
+// MANAGEMENT_URL, cannot check the DLQ's delivery limit without a declare
+// that a least-permission user is refused (a channel error in the broker's
+// log at every run): it does not connect to the broker at all, and says
+// why. The reconcile command, run by a person, still connects, checks what
+// it can and warns.
+func TestPeriodicReconcileReadsNoDLQItCannotCheckQuietly(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dials := make(chan struct{}, 8)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			dials <- struct{}{}
+			c.Close()
+		}
+	}()
+	t.Setenv("AMQP_URL", "amqp://guest:guest@"+ln.Addr().String()+"/")
+	t.Setenv("DECLARE_TOPOLOGY", "false")
+	t.Setenv("MANAGEMENT_URL", "")
+	cfg, err := config.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := readDeadLetters(cfg, 10, 0, true)
+	if d.Read || !strings.Contains(d.Error, "MANAGEMENT_URL") {
+		t.Errorf("periodic run: %+v, want not read, naming MANAGEMENT_URL", d)
+	}
+	if len(dials) != 0 {
+		t.Errorf("the periodic run connected to the broker %d times", len(dials))
+	}
+	d = readDeadLetters(cfg, 10, 0, false)
+	if d.Read || d.Error == "" {
+		t.Errorf("command: %+v, want a failed read", d)
+	}
+	select {
+	case <-dials:
+	case <-time.After(10 * time.Second):
+		t.Errorf("the reconcile command did not try the broker")
 	}
 }
