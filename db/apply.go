@@ -3,6 +3,7 @@ package db
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -111,9 +112,19 @@ func (l *lane) Apply(ctx context.Context, ev event.Event) (event.Result, error) 
 // is then one of the events, which the caller finds by splitting the
 // batch. It implements consumer.BatchLane.
 func (l *lane) ApplyBatch(ctx context.Context, evs []event.Event) ([]event.Outcome, error) {
+	return l.applyBatch(ctx, evs, nil)
+}
+
+func (l *lane) applyBatch(ctx context.Context, evs []event.Event, m *event.Mark) ([]event.Outcome, error) {
 	var outcomes pq.StringArray
 	args := batchArgs(evs)
-	call := func(b *strings.Builder) error { return inlineCall(b, "apply_batch", args) }
+	call := func(b *strings.Builder) error {
+		if err := inlineCall(b, "apply_batch", args); err != nil {
+			return err
+		}
+		writeMark(b, m)
+		return nil
+	}
 	if err := l.run(ctx, call, &outcomes); err != nil {
 		return nil, fmt.Errorf("apply a batch of %d events from %s: %w", len(evs), evs[0].ID, translate(err))
 	}
@@ -125,6 +136,66 @@ func (l *lane) ApplyBatch(ctx context.Context, evs []event.Event) ([]event.Outco
 		out[i] = result(ev, outcomes[i])
 	}
 	return out, nil
+}
+
+// ApplyMarked applies evs as ApplyBatch does (one event as Apply does, its
+// error as its outcome when the transaction committed), and moves the
+// journal's mark from m.Prev to m.Last in the same transaction and the
+// same round trip: the call reads FROM journal_advance(…), which runs
+// before the events are applied, so a gap (event.ErrJournalGap) fails the
+// attempt before it applies anything. With no events it moves the mark
+// alone. It implements event.MarkedLane.
+func (l *lane) ApplyMarked(ctx context.Context, evs []event.Event, m event.Mark) ([]event.Outcome, error) {
+	switch len(evs) {
+	case 0:
+		var moved bool
+		call := func(b *strings.Builder) error { b.WriteString("SELECT true"); writeMark(b, &m); return nil }
+		if err := l.run(ctx, call, &moved); err != nil {
+			return nil, fmt.Errorf("move the journal mark of %s to %d: %w", m.Queue, m.Last, translate(err))
+		}
+		return nil, nil
+	case 1:
+		ev := evs[0]
+		var outcome string
+		call := func(b *strings.Builder) error { writeEventCall(b, ev); writeMark(b, &m); return nil }
+		if err := l.run(ctx, call, &outcome); err != nil {
+			return nil, fmt.Errorf("apply event %s: %w", ev.ID, translate(err))
+		}
+		return []event.Outcome{result(ev, outcome)}, nil
+	default:
+		return l.applyBatch(ctx, evs, &m)
+	}
+}
+
+// writeMark ends a call with the FROM clause that moves m, if any.
+func writeMark(b *strings.Builder, m *event.Mark) {
+	if m == nil {
+		return
+	}
+	b.WriteString(" FROM journal_advance(")
+	writeText(b, m.Queue)
+	b.WriteString(", ")
+	writeInt(b, m.Prev)
+	b.WriteString(", ")
+	writeInt(b, m.Last)
+	b.WriteByte(')')
+}
+
+// Marked returns queue's journal mark as the database holds it. It
+// implements event.MarkedLane.
+func (l *lane) Marked(ctx context.Context, queue string) (int64, time.Time, error) {
+	var mark struct {
+		Seq int64     `db:"seq"`
+		At  time.Time `db:"at"`
+	}
+	err := l.in.db.GetContext(ctx, &mark, `SELECT seq, at FROM journal_mark WHERE queue = $1`, queue)
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, time.Time{}, nil
+	}
+	if err != nil {
+		return 0, time.Time{}, fmt.Errorf("read the journal mark of %s: %w", queue, translate(err))
+	}
+	return mark.Seq, mark.At, nil
 }
 
 // result reads apply_event's answer for ev.

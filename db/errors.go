@@ -17,11 +17,19 @@ import (
 // that contradicts its transfer (sql/functions/apply_effect.sql).
 const transitionCode = "TC001"
 
+// journalGapCode is the SQLSTATE journal_advance raises when the database
+// does not hold the journal mark an attempt went on from
+// (sql/functions/journal_advance.sql).
+const journalGapCode = "TCJ01"
+
 // translate puts a driver error into the project's failure classes, once,
 // here (adr/0002). The rule is by cause, and the default is the safe side:
 //
 //   - TC001, raised by apply_event: the event contradicts its transfer
 //     (event.Transition);
+//   - TCJ01, raised by journal_advance: the database does not hold the
+//     journal mark the attempt went on from (event.ErrJournalGap, an
+//     environment failure: the journal's lane reads the journal again);
 //   - SQLSTATE classes 22 (data exception, e.g. 22003 when a balance would
 //     overflow) and 23 (integrity constraint violation): our own statement
 //     refused the event's values, as it will on every attempt
@@ -45,6 +53,8 @@ func translate(err error) error {
 		switch {
 		case pqErr.Code == transitionCode:
 			return event.Transition(errors.New(pqErr.Message))
+		case pqErr.Code == journalGapCode:
+			return event.Transient(fmt.Errorf("%w: %s", event.ErrJournalGap, pqErr.Message))
 		case pqErr.Code.Class() == "22", pqErr.Code.Class() == "23":
 			return event.Rejected(fmt.Errorf("the database refused the event's data: %w", err))
 		}

@@ -1,6 +1,10 @@
 package event
 
-import "context"
+import (
+	"context"
+	"errors"
+	"time"
+)
 
 // Lane applies one worker's events, one at a time. It is the one port of
 // the consumer's kept here, beside the event it applies: the consumer's
@@ -10,3 +14,32 @@ type Lane interface {
 	Apply(ctx context.Context, ev Event) (Result, error)
 	Close() // releases what the lane holds; it is not used again
 }
+
+// Mark is where an attempt stands in its queue's journal (the journal
+// package, adr/0014): the database holds Prev as the queue's last journal
+// sequence, and the attempt's events take Prev+1 … Last. The transaction
+// that applies them moves the database's mark from Prev to Last, or fails
+// with ErrJournalGap when the database does not hold Prev.
+type Mark struct {
+	Queue      string
+	Prev, Last int64
+}
+
+// MarkedLane is a lane whose transactions also record the journal's mark,
+// so that the database can tell which journal entries it holds.
+type MarkedLane interface {
+	Lane
+	// ApplyMarked applies evs in one transaction, as a BatchLane's
+	// ApplyBatch does, and moves the mark in that same transaction. With
+	// no events it moves the mark alone.
+	ApplyMarked(ctx context.Context, evs []Event, m Mark) ([]Outcome, error)
+	// Marked returns queue's mark as the database holds it, and when it
+	// was set (0 and the zero time for a queue never marked).
+	Marked(ctx context.Context, queue string) (seq int64, at time.Time, err error)
+}
+
+// ErrJournalGap: the database does not hold the mark an attempt went on
+// from. It lost commits (a failover to a standby that was behind, a
+// restore to an earlier time), or another consumer of the queue moved the
+// mark; the journal holds what is missing.
+var ErrJournalGap = errors.New("the database does not hold the journal mark the service went on from")
