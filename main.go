@@ -27,6 +27,8 @@ import (
 	"transferconsumer/config"
 	"transferconsumer/consumer"
 	"transferconsumer/db"
+	"transferconsumer/event"
+	"transferconsumer/journal"
 	"transferconsumer/observe"
 )
 
@@ -143,6 +145,15 @@ func serve(ctx context.Context, cfg config.Config, migrations fs.FS, stderr io.W
 	ccfg.ObserveRetry = m.Retried
 	ccfg.ObserveBatch = m.Batch
 	ccfg.Tracer = tracer
+	if cfg.JournalStream != "" {
+		jr := journal.New(cfg.Journal())
+		defer jr.Close()
+		ccfg.Journal = func(queue string, l event.Lane) event.Lane {
+			jl := jr.Wrap(queue, l.(event.MarkedLane), log) // the database's lanes are
+			jl.Restored = m.Restored
+			return jl
+		}
+	}
 	svc := consumer.New(ccfg, db.NewInbox(database))
 	h.Service(svc)
 

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -57,6 +58,9 @@ type Config struct {
 	ReconcileWindow time.Duration `envconfig:"RECONCILE_WINDOW" default:"1h" desc:"two creations of one intent (same accounts, amount, currency) under different transferIds at most this far apart are a suspected duplicate"`
 	PendingAfter    time.Duration `envconfig:"RECONCILE_PENDING_AFTER" default:"1h" desc:"a transition waiting for its creation longer than this is reported"`
 	ReconcileDLQ    bool          `envconfig:"RECONCILE_DLQ" default:"false" desc:"the periodic reconciliation also counts dead letters older than INBOX_TTL (needs read on PREFIX.dlq, as dlq list)"`
+	JournalStream   string        `envconfig:"JOURNAL_STREAM" desc:"name of a RabbitMQ stream in which the service journals every event before its ack, so that what a database loses after the ack (a failover to a standby that was behind, a point-in-time restore) is applied again from it (adr/0014); empty: no journal"`
+	JournalMaxAge   string        `envconfig:"JOURNAL_MAX_AGE" default:"7D" desc:"the journal stream's x-max-age (a number and Y, M, D, h, m or s): it must cover the furthest back a restore can go"`
+	JournalMaxBytes int64         `envconfig:"JOURNAL_MAX_BYTES" default:"0" desc:"the journal stream's x-max-length-bytes; 0 sets none (the age alone bounds it)"`
 	LogLevel        string        `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	LogFormat       string        `envconfig:"LOG_FORMAT" default:"json" desc:"json or text"`
 }
@@ -169,6 +173,12 @@ func (c Config) validate() error {
 		return bad("MAX_BODY_BYTES", "must be between 1024 and %d, got %d", 128<<20, c.MaxBodyBytes)
 	case c.BatchLinger < 0 || c.BatchLinger > time.Second:
 		return bad("BATCH_LINGER", "must be between 0 and 1s, got %s", c.BatchLinger)
+	case c.JournalStream != "" && c.namesTopology(c.JournalStream):
+		return bad("JOURNAL_STREAM", "must not name an exchange or queue of the topology, got %q", c.JournalStream)
+	case !maxAge.MatchString(c.JournalMaxAge):
+		return bad("JOURNAL_MAX_AGE", "must be a number and one of Y, M, D, h, m, s (e.g. 7D), got %q", c.JournalMaxAge)
+	case c.JournalMaxBytes < 0:
+		return bad("JOURNAL_MAX_BYTES", "must not be negative, got %d", c.JournalMaxBytes)
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		return bad("LOG_LEVEL", "must be debug, info, warn or error, got %q", c.LogLevel)
@@ -178,6 +188,21 @@ func (c Config) validate() error {
 	}
 	return nil
 }
+
+// namesTopology reports whether name is the hash exchange's, the
+// dead-letter exchange's or queue's, or a partition queue's.
+func (c Config) namesTopology(name string) bool {
+	p := c.Prefix
+	if name == p || name == p+".dlx" || name == p+".dlq" {
+		return true
+	}
+	rest, ok := strings.CutPrefix(name, p+".")
+	_, err := strconv.Atoi(rest)
+	return ok && err == nil
+}
+
+// maxAge is the form of a stream's x-max-age.
+var maxAge = regexp.MustCompile(`^[1-9][0-9]*[YMDhms]$`)
 
 // maxBatch bounds BATCH_MAX: a batch's transaction holds the locks of all
 // its events until the commit, and its events wait for each other; beyond

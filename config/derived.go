@@ -6,8 +6,11 @@ import (
 	"os"
 	"strings"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"transferconsumer/consumer"
 	"transferconsumer/db"
+	"transferconsumer/journal"
 	"transferconsumer/retry"
 	"transferconsumer/topology"
 )
@@ -114,4 +117,20 @@ func (c Config) Summary() []any {
 		attrs = append(attrs, "declare_topology", false)
 	}
 	return attrs
+}
+
+// Journal is the journal's configuration (JOURNAL_STREAM, adr/0014): its
+// stream, declared like the topology, on a connection of its own.
+func (c Config) Journal() journal.Config {
+	return journal.Config{
+		Stream: c.JournalStream, MaxAge: c.JournalMaxAge, MaxBytes: c.JournalMaxBytes, Declare: c.DeclareTopology,
+		Dial: func() (*amqp.Connection, error) {
+			urls, err := c.BrokerURLs()
+			if err != nil {
+				return nil, err
+			}
+			conn, _, err := consumer.Dial(urls, 0, c.Instance()+"-journal")
+			return conn, err
+		},
+	}
 }

@@ -125,7 +125,7 @@ func (w *worker) renewLane() {
 		return
 	}
 	w.lane.Close()
-	w.lane = w.svc.app.(Lanes).Lane(w.svc.cfg.ApplyTimeout)
+	w.lane = w.svc.lane(w.svc.app.(Lanes), w.queue)
 }
 
 func (w *worker) close() {

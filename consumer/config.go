@@ -72,6 +72,9 @@ type Config struct {
 	// Tracer, when set, traces each delivery and each attempt of its
 	// transaction (trace.go); nil costs nothing.
 	Tracer trace.Tracer
+	// Journal, when set, wraps each worker's lane, for the worker's queue:
+	// the journal of what the service acked (JOURNAL_STREAM, adr/0014).
+	Journal func(queue string, lane event.Lane) event.Lane
 }
 
 // Retry is one in-place retry of a transient failure, or one failed probe

@@ -303,10 +303,20 @@ func (s *Service) openWorker(conn *amqp.Connection, letters *letters, i int, wor
 		return nil, err
 	}
 	if lanes, ok := s.app.(Lanes); ok {
-		w.lane = lanes.Lane(s.cfg.ApplyTimeout)
+		w.lane = s.lane(lanes, queue)
 	}
 	w.core = newCore(s.coreConfig(w.lane, w.parker != nil))
 	return w, nil
+}
+
+// lane returns a new lane of lanes for queue's worker, with the journal
+// when there is one.
+func (s *Service) lane(lanes Lanes, queue string) event.Lane {
+	l := lanes.Lane(s.cfg.ApplyTimeout)
+	if s.cfg.Journal != nil {
+		l = s.cfg.Journal(queue, l)
+	}
+	return l
 }
 
 // coreConfig is the configuration of a worker's core with lane: batches

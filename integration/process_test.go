@@ -107,6 +107,19 @@ func (p *process) count(key, value string) int {
 	return n
 }
 
+// sum returns the sum of key's numbers over the log lines whose msg is msg.
+func (p *process) sum(msg, key string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, line := range p.lines {
+		if v, ok := line[key].(float64); ok && line["msg"] == msg {
+			n += int(v)
+		}
+	}
+	return n
+}
+
 // field returns key of the first log line whose msg is msg.
 func (p *process) field(msg, key string) string {
 	p.mu.Lock()

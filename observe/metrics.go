@@ -25,6 +25,7 @@ type Metrics struct {
 	batches    prometheus.Histogram
 	conflicts  prometheus.Counter
 	pruned     prometheus.Counter
+	restored   prometheus.Counter
 	reconcile  reconcileGauges // reconcile.go
 
 	// The series of the two common outcomes, resolved once rather than
@@ -65,6 +66,10 @@ func NewMetrics(h *Health, cfg config.Config) *Metrics {
 			Namespace: ns, Name: "inbox_pruned_rows_total",
 			Help: "Inbox rows removed by retention.",
 		}),
+		restored: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "journal_restored_total",
+			Help: "Journal entries applied again because the database had lost them (JOURNAL_STREAM, adr/0014).",
+		}),
 	}
 	// Series an alert watches exist from the start, at zero.
 	for _, oc := range [][2]string{{"applied", ""}, {"duplicate", ""}, {"requeued", "unknown"},
@@ -83,7 +88,7 @@ func NewMetrics(h *Health, cfg config.Config) *Metrics {
 		return 0
 	}
 	m.collectors = []prometheus.Collector{
-		m.events, m.latency, m.retries, m.conflicts, m.pruned, m.batches,
+		m.events, m.latency, m.retries, m.conflicts, m.pruned, m.restored, m.batches,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		// Two settings, so that alert rules compare against the values
@@ -162,6 +167,9 @@ func (m *Metrics) Retried(consumer.Retry) { m.retries.Inc() }
 
 // Batch is the consumer's ObserveBatch hook.
 func (m *Metrics) Batch(n int) { m.batches.Observe(float64(n)) }
+
+// Restored counts journal entries applied again.
+func (m *Metrics) Restored(_ string, n int) { m.restored.Add(float64(n)) }
 
 // Pruned counts inbox rows removed by retention.
 func (m *Metrics) Pruned(rows int64) { m.pruned.Add(float64(rows)) }
