@@ -1,8 +1,8 @@
 // Package cli is the command line: its usage, the parsing of each
 // command's flags (before the configuration is read, so that help and a
 // wrong flag need neither the broker nor the database), and the commands
-// that do one thing and exit: migrate, topology, repartition, prune, dlq
-// and reconcile. The default command, run, is the service, which the
+// that do one thing and exit: migrate, topology, repartition, prune, dlq,
+// reconcile and recover. The default command, run, is the service, which the
 // caller wires (App.Serve); PruneLoop and ReconcileLoop are the prune and
 // reconcile commands as the service runs them periodically.
 package cli
@@ -30,6 +30,9 @@ Commands:
   dlq list [flags]     count the dead letters by class and reason, show the first ones
   dlq replay [flags]   put dead letters back on the exchange (see dlq replay --help)
   dlq drop [flags]     remove dead letters for good, each written to a record first (see dlq drop --help)
+  recover [--accept-loss]
+                       apply again from the journal (JOURNAL_STREAM) what the database lost
+                       after its ack: a failover to a standby behind, a restore (see recover --help)
   reconcile [flags]    prove every balance from the transfers, report suspected duplicate
                        intents and stuck transitions; exit 3 when it finds any (see reconcile --help)
   help                 print this text
@@ -63,16 +66,17 @@ func (a App) Run(ctx context.Context, args []string) error {
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(a.Stdout, usageText)
 		return config.PrintUsage(a.Stdout)
-	case "run", "migrate", "topology", "prune", "repartition", "dlq", "reconcile":
+	case "run", "migrate", "topology", "prune", "repartition", "dlq", "reconcile", "recover":
 	default:
 		return fmt.Errorf("unknown command %q (try --help)", cmd)
 	}
-	if cmd != "dlq" && cmd != "repartition" && cmd != "migrate" && cmd != "reconcile" && len(args) > 0 {
+	if cmd != "dlq" && cmd != "repartition" && cmd != "migrate" && cmd != "reconcile" && cmd != "recover" && len(args) > 0 {
 		return fmt.Errorf("%s takes no arguments, got %q", cmd, args)
 	}
 	var dlqCmd dlqArgs
 	var grantTo string
 	var reconcileCmd reconcileArgs
+	var acceptLoss bool
 	// Before the configuration: help and a wrong flag need neither it nor
 	// the broker or the database.
 	switch cmd {
@@ -89,6 +93,11 @@ func (a App) Run(ctx context.Context, args []string) error {
 	case "reconcile":
 		var err error
 		if reconcileCmd, err = parseReconcile(args, a.Stdout); err != nil {
+			return flagErr(err)
+		}
+	case "recover":
+		var err error
+		if acceptLoss, err = parseRecover(args, a.Stdout); err != nil {
 			return flagErr(err)
 		}
 	}
@@ -110,6 +119,8 @@ func (a App) Run(ctx context.Context, args []string) error {
 		return repartitionCommand(ctx, cfg, args, a.Stdout)
 	case "reconcile":
 		return reconcileCommand(ctx, cfg, a.Migrations, reconcileCmd, a.Stdout)
+	case "recover":
+		return recoverCommand(ctx, cfg, acceptLoss, a.Stdout, a.Stderr)
 	}
 	if a.Serve == nil {
 		return errors.New("run: no service to run")

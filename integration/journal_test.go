@@ -2,11 +2,13 @@ package integration
 
 import (
 	"fmt"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // With the journal on (JOURNAL_STREAM), the loss
@@ -93,4 +95,73 @@ func TestFailoverToAnAsynchronousStandbyWithTheJournalLosesNothing(t *testing.T)
 			}
 		})
 	}
+}
+
+// A gap the journal no longer reaches back to is reported, with how many
+// events at most are lost and since when, and its queue waits: the event
+// in hand is not applied until an operator accepts the loss with recover
+// --accept-loss; then the rest is restored (the inbox drops what survived)
+// and the queue goes on. The journal's retention is real: a stream that
+// keeps about 20 KB in segments of 4 KB has dropped the first entries; the
+// database's loss is made by moving its mark back, as a restore to an
+// earlier time would have left it.
+func TestAGapOlderThanTheJournalIsReportedAndItsQueueWaits(t *testing.T) {
+	parallel(t)
+	e := newEnv(t)
+	e.declare(1)
+	stream := prefix + ".journal"
+	conn, err := amqp.Dial(e.amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(stream, true, false, false, false, amqp.Table{"x-queue-type": "stream",
+		"x-max-length-bytes": int64(20000), "x-stream-max-segment-size-bytes": int64(4000)}); err != nil {
+		t.Fatal(err)
+	}
+	env := e.serviceEnv(1, "DECLARE_TOPOLOGY=false", "JOURNAL_STREAM="+stream)
+	proc := startProcess(t, env)
+	proc.waitConsuming(1)
+	events := e.publishMany(200, 4)
+	waitFor(t, 60*time.Second, "the events applied and acked", func() bool {
+		return e.inboxCount() == len(events) && proc.count("outcome", "applied") == len(events)
+	})
+	if err := proc.stop(syscall.SIGTERM, 20*time.Second); err != nil {
+		t.Fatalf("exit after SIGTERM: %v", err)
+	}
+	e.db.MustExec(`UPDATE journal_mark SET seq = 50, at = now() - interval '1 hour' WHERE queue = $1`, prefix+".0")
+
+	proc = startProcess(t, env)
+	const short = "cannot be restored whole"
+	waitFor(t, 60*time.Second, "the service to say the journal does not reach back", func() bool {
+		return strings.Contains(proc.field("journal: the queue's entries could not be compared with the database before consuming; "+
+			"its first event waits until they are", "err"), short)
+	})
+	held := e.publishMany(1, 4)
+	waitFor(t, 60*time.Second, "the queue blocked on the event in hand, for that reason", func() bool {
+		return strings.Contains(proc.field("queue blocked: the environment failed, retrying the message in place", "err"), short)
+	})
+	if n := e.inboxRows(held[0].EventID); n != 0 {
+		t.Fatalf("the event in hand was applied while the queue waited")
+	}
+	out, err := runCommand(t, env, "recover")
+	if err == nil || !strings.Contains(out, short) || !strings.Contains(out, "up to ") || !strings.Contains(out, "--accept-loss") {
+		t.Fatalf("recover: %v\n%s\nwant exit 1 and the queue's loss named", err, out)
+	}
+	t.Logf("recover says: %s", out)
+	out, err = runCommand(t, env, "recover", "--accept-loss")
+	if err != nil || !strings.Contains(out, "accepted the loss of up to ") {
+		t.Fatalf("recover --accept-loss: %v\n%s", err, out)
+	}
+	waitFor(t, 60*time.Second, "the event in hand applied once the loss was accepted", func() bool {
+		return e.inboxRows(held[0].EventID) == 1
+	})
+	if err := proc.stop(syscall.SIGTERM, 20*time.Second); err != nil {
+		t.Errorf("exit after SIGTERM: %v", err)
+	}
+	e.checkExactlyOnce(append(events, held...))
 }

@@ -35,6 +35,7 @@ const (
 	hSeq        = "x-journal-seq"
 	hRoutingKey = "x-journal-routing-key"
 	hFence      = "x-journal-fence"
+	hDead       = "x-journal-dead-lettered"
 )
 
 // Skew is how long before the database's mark moved a read of the journal
@@ -137,6 +138,10 @@ type Entry struct {
 	Queue string
 	Seq   int64
 	Event event.Event // decoded again from the delivery it came in
+	// Dead: the event was dead-lettered in the transaction that took Seq
+	// (a producer conflict): the entry keeps the sequence, and is never
+	// applied again, so that no letter is written twice.
+	Dead bool
 }
 
 // Append writes entries to the stream and returns once the broker
@@ -158,6 +163,9 @@ func (j *Journal) Append(ctx context.Context, entries []Entry) error {
 			headers[k] = v
 		}
 		headers[hQueue], headers[hSeq], headers[hRoutingKey] = e.Queue, e.Seq, m.RoutingKey
+		if e.Dead {
+			headers[hDead] = true
+		}
 		confirms[i], err = ch.PublishWithDeferredConfirmWithContext(ctx, "", j.cfg.Stream, false, false, amqp.Publishing{
 			Headers: headers, Body: m.Body, MessageId: m.MessageID, ContentType: m.ContentType, Type: e.Event.Type,
 			DeliveryMode: amqp.Persistent, Timestamp: now,
@@ -190,19 +198,27 @@ func (j *Journal) fail(ch *amqp.Channel) {
 	}
 }
 
-// Read returns queue's entries whose sequence is above after, in the
-// stream's order, and the highest sequence of queue's entries it saw
-// (after, if none is higher). It reads from Skew before since (from the
-// stream's start for a zero since) up to a fence it appends first, so it
-// sees every entry confirmed before it was called. first is the sequence
-// of queue's first entry it saw (0 for none): when it is above after+1,
-// the entries between may be gone with the stream's retention, or never
-// have been written (a dead-lettered event takes a sequence and writes no
-// entry).
-func (j *Journal) Read(ctx context.Context, queue string, after int64, since time.Time) (entries []Entry, first, tail int64, err error) {
+// Found is what a Read found of a queue's entries.
+type Found struct {
+	Entries []Entry // those above after, in the stream's order
+	// First is the sequence of the queue's first entry the read saw (0
+	// for none), Tail the highest (after, if none is higher).
+	First, Tail int64
+	// FromStart: the read began at the stream's first entry, whose time
+	// is Head (the zero time for an empty stream).
+	FromStart bool
+	Head      time.Time
+}
+
+// Read reads queue's entries above after. It starts Skew before since,
+// or at the stream's first entry when since is zero, and reads up to a
+// fence it appends first, so it sees every entry confirmed before it was
+// called.
+func (j *Journal) Read(ctx context.Context, queue string, after int64, since time.Time) (Found, error) {
+	f := Found{Tail: after, FromStart: since.IsZero()}
 	ch, err := j.channel()
 	if err != nil {
-		return nil, 0, 0, err
+		return f, err
 	}
 	fence := make([]byte, 16)
 	_, _ = rand.Read(fence)
@@ -218,22 +234,22 @@ func (j *Journal) Read(ctx context.Context, queue string, after int64, since tim
 	}
 	if err != nil {
 		j.fail(ch)
-		return nil, 0, 0, fmt.Errorf("journal %s: fence: %w", j.cfg.Stream, err)
+		return f, fmt.Errorf("journal %s: fence: %w", j.cfg.Stream, err)
 	}
 
 	j.mu.Lock()
 	conn := j.conn
 	j.mu.Unlock()
 	if conn == nil {
-		return nil, 0, 0, fmt.Errorf("journal %s: the connection closed", j.cfg.Stream)
+		return f, fmt.Errorf("journal %s: the connection closed", j.cfg.Stream)
 	}
 	rc, err := conn.Channel()
 	if err != nil {
-		return nil, 0, 0, fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
+		return f, fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
 	}
 	defer rc.Close()
 	if err := rc.Qos(1000, 0, false); err != nil {
-		return nil, 0, 0, fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
+		return f, fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
 	}
 	var offset any = "first"
 	if !since.IsZero() {
@@ -241,23 +257,25 @@ func (j *Journal) Read(ctx context.Context, queue string, after int64, since tim
 	}
 	deliveries, err := rc.ConsumeWithContext(ctx, j.cfg.Stream, "", false, false, false, false, amqp.Table{"x-stream-offset": offset})
 	if err != nil {
-		return nil, 0, 0, fmt.Errorf("journal %s: read: %w", j.cfg.Stream, err)
+		return f, fmt.Errorf("journal %s: read: %w", j.cfg.Stream, err)
 	}
-	tail = after
-	for {
+	for n := 0; ; n++ {
 		var d amqp.Delivery
 		var ok bool
 		select {
 		case d, ok = <-deliveries:
 		case <-ctx.Done():
-			return nil, 0, 0, fmt.Errorf("journal %s: read: %w", j.cfg.Stream, ctx.Err())
+			return f, fmt.Errorf("journal %s: read: %w", j.cfg.Stream, ctx.Err())
 		}
 		if !ok {
-			return nil, 0, 0, fmt.Errorf("journal %s: the read ended before its fence", j.cfg.Stream)
+			return f, fmt.Errorf("journal %s: the read ended before its fence", j.cfg.Stream)
 		}
 		_ = d.Ack(true)
-		if f, _ := d.Headers[hFence].(string); f == id {
-			return entries, first, tail, nil
+		if n == 0 {
+			f.Head = d.Timestamp
+		}
+		if fid, _ := d.Headers[hFence].(string); fid == id {
+			return f, nil
 		}
 		if q, _ := d.Headers[hQueue].(string); q != queue {
 			continue
@@ -266,18 +284,18 @@ func (j *Journal) Read(ctx context.Context, queue string, after int64, since tim
 		if !ok {
 			continue
 		}
-		if first == 0 {
-			first = seq
+		if f.First == 0 {
+			f.First = seq
 		}
-		tail = max(tail, seq)
+		f.Tail = max(f.Tail, seq)
 		if seq <= after {
 			continue
 		}
 		e, err := entry(queue, seq, d)
 		if err != nil {
-			return nil, 0, 0, fmt.Errorf("journal %s: entry %d of %s: %w", j.cfg.Stream, seq, queue, err)
+			return f, fmt.Errorf("journal %s: entry %d of %s: %w", j.cfg.Stream, seq, queue, err)
 		}
-		entries = append(entries, e)
+		f.Entries = append(f.Entries, e)
 	}
 }
 
@@ -305,12 +323,13 @@ func entry(queue string, seq int64, d amqp.Delivery) (Entry, error) {
 	headers := make(amqp.Table, len(d.Headers))
 	for k, v := range d.Headers {
 		switch k {
-		case hQueue, hSeq, hRoutingKey, "x-stream-offset":
+		case hQueue, hSeq, hRoutingKey, hDead, "x-stream-offset":
 		default:
 			headers[k] = v
 		}
 	}
 	key, _ := d.Headers[hRoutingKey].(string)
 	ev.Message = event.Message{RoutingKey: key, Body: d.Body, Headers: headers, MessageID: d.MessageId, ContentType: d.ContentType}
-	return Entry{Queue: queue, Seq: seq, Event: ev}, nil
+	dead, _ := d.Headers[hDead].(bool)
+	return Entry{Queue: queue, Seq: seq, Event: ev, Dead: dead}, nil
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"transferconsumer/event"
 )
@@ -44,9 +45,13 @@ func (l *Lane) Apply(ctx context.Context, ev event.Event) (event.Result, error) 
 }
 
 // ApplyBatch applies evs in one transaction, as the inner lane would,
-// and journals those that will be acked. An error means the worker must
-// not ack: nothing was committed, or the journal could not take the
-// entries (the retry finds them duplicates and journals them then).
+// and journals them: those the worker will ack, and, as entries that are
+// never applied again, those dead-lettered in that transaction (producer
+// conflicts). An error means the worker must not ack: nothing was
+// committed, or the journal could not take the entries (the retry finds
+// them duplicates and journals them then). After any failure but the
+// event's own, the lane reads the journal again before its next attempt:
+// the database may have come back without commits it had (a failover).
 func (l *Lane) ApplyBatch(ctx context.Context, evs []event.Event) ([]event.Outcome, error) {
 	for again := true; ; again = false {
 		if !l.synced {
@@ -56,8 +61,10 @@ func (l *Lane) ApplyBatch(ctx context.Context, evs []event.Event) ([]event.Outco
 		}
 		m := event.Mark{Queue: l.queue, Prev: l.prev, Last: l.prev + int64(len(evs))}
 		outs, err := l.inner.ApplyMarked(ctx, evs, m)
-		if errors.Is(err, event.ErrJournalGap) {
+		if err != nil && !event.CausedByMessage(event.ClassOf(ctx, err)) {
 			l.synced = false
+		}
+		if errors.Is(err, event.ErrJournalGap) {
 			l.log.Warn("journal: the database does not hold the mark the worker went on from; reading the journal again",
 				"queue", l.queue, "err", err)
 			if again {
@@ -68,36 +75,89 @@ func (l *Lane) ApplyBatch(ctx context.Context, evs []event.Event) ([]event.Outco
 			return nil, err
 		}
 		l.prev = m.Last
-		entries := make([]Entry, 0, len(evs))
+		entries := make([]Entry, len(evs))
 		for i, o := range outs {
-			if o.Err == nil { // acked; an event with an error is dead-lettered
-				entries = append(entries, Entry{Queue: l.queue, Seq: m.Prev + 1 + int64(i), Event: evs[i]})
-			}
+			entries[i] = Entry{Queue: l.queue, Seq: m.Prev + 1 + int64(i), Event: evs[i], Dead: o.Err != nil}
 		}
 		if err := l.j.Append(ctx, entries); err != nil {
+			l.synced = false
 			return nil, event.Transient(err)
 		}
 		return outs, nil
 	}
 }
 
+// ShortError: the journal no longer reaches back to the start of a
+// queue's gap. The entries between the database's mark and the journal's
+// first entry of the queue are gone with the stream's retention, unless
+// they were never written.
+type ShortError struct {
+	Queue       string
+	Mark, First int64     // the database's mark; the journal's first entry of the queue
+	Since       time.Time // when the database's mark moved last
+	Head        time.Time // the journal's first entry's time
+}
+
+// Missing is how many events at most the journal cannot restore.
+func (e *ShortError) Missing() int64 { return e.First - e.Mark - 1 }
+
+func (e *ShortError) Error() string {
+	return fmt.Sprintf("journal: queue %s cannot be restored whole: the database holds up to entry %d (moved %s), "+
+		"the journal begins at %s and its first entry of the queue is %d, so up to %d events acked after %s are in neither; "+
+		"the queue waits until an operator runs transferconsumer recover --accept-loss (adr/0014)",
+		e.Queue, e.Mark, e.Since.UTC().Format(time.RFC3339), e.Head.UTC().Format(time.RFC3339), e.First, e.Missing(),
+		e.Since.UTC().Format(time.RFC3339))
+}
+
 // Recover applies the queue's journal entries the database lacks, in the
-// journal's order, and returns how many it applied again. The inbox drops
-// any the database still holds. It leaves the database's mark at the
-// highest sequence the journal holds for the queue, or the database's own
-// if that is higher.
+// journal's order, and returns how many it applied again (the inbox drops
+// any the database still holds). It leaves the database's mark at the
+// highest sequence the journal holds for the queue, or at the database's
+// own if that is higher.
+//
+// Which entries are missing is told by the sequences alone; where the read
+// starts is chosen by time: Skew before the database's mark last moved.
+// When the first entry of the queue it finds is past the one after the
+// mark, it reads again from the stream's start, and if the journal begins
+// after the mark moved, its retention may have taken events no one holds
+// now: it returns a *ShortError, and the queue waits.
 func (l *Lane) Recover(ctx context.Context) (int, error) {
 	mark, at, err := l.inner.Marked(ctx, l.queue)
 	if err != nil {
 		return 0, err
 	}
-	entries, _, tail, err := l.j.Read(ctx, l.queue, mark, at)
+	found, err := l.j.Read(ctx, l.queue, mark, at)
+	if err == nil && found.First > mark+1 && !found.FromStart {
+		found, err = l.j.Read(ctx, l.queue, mark, time.Time{})
+	}
 	if err != nil {
 		return 0, err
 	}
+	if found.First > mark+1 && found.Head.After(at) {
+		return 0, &ShortError{Queue: l.queue, Mark: mark, First: found.First, Since: at, Head: found.Head}
+	}
+	return l.restore(ctx, mark, found)
+}
+
+// AcceptLoss moves the queue's mark past what a *ShortError says the
+// journal cannot restore, so that Recover restores the rest.
+func (l *Lane) AcceptLoss(ctx context.Context, short *ShortError) error {
+	_, err := l.inner.ApplyMarked(ctx, nil, event.Mark{Queue: l.queue, Prev: short.Mark, Last: short.First - 1})
+	return err
+}
+
+// restore applies found's entries again, from mark.
+func (l *Lane) restore(ctx context.Context, mark int64, found Found) (int, error) {
 	prev, applied := mark, 0
-	for _, e := range entries {
+	for _, e := range found.Entries {
 		last := max(prev, e.Seq)
+		if e.Dead {
+			if _, err := l.inner.ApplyMarked(ctx, nil, event.Mark{Queue: l.queue, Prev: prev, Last: last}); err != nil {
+				return applied, err
+			}
+			prev = last
+			continue
+		}
 		outs, err := l.inner.ApplyMarked(ctx, []event.Event{e.Event}, event.Mark{Queue: l.queue, Prev: prev, Last: last})
 		var out error
 		switch {
@@ -119,11 +179,11 @@ func (l *Lane) Recover(ctx context.Context) (int, error) {
 		}
 		prev, applied = last, applied+1
 	}
-	if tail > prev {
-		if _, err := l.inner.ApplyMarked(ctx, nil, event.Mark{Queue: l.queue, Prev: prev, Last: tail}); err != nil {
+	if found.Tail > prev {
+		if _, err := l.inner.ApplyMarked(ctx, nil, event.Mark{Queue: l.queue, Prev: prev, Last: found.Tail}); err != nil {
 			return applied, err
 		}
-		prev = tail
+		prev = found.Tail
 	}
 	l.prev, l.synced = prev, true
 	if applied > 0 {
@@ -135,6 +195,9 @@ func (l *Lane) Recover(ctx context.Context) (int, error) {
 	}
 	return applied, nil
 }
+
+// Mark is the queue's last sequence the lane knows the database holds.
+func (l *Lane) Mark() int64 { return l.prev }
 
 // Close closes the inner lane.
 func (l *Lane) Close() { l.inner.Close() }

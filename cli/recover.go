@@ -1,0 +1,95 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"transferconsumer/config"
+	"transferconsumer/db"
+	"transferconsumer/event"
+	"transferconsumer/journal"
+)
+
+const recoverUsage = `Usage: transferconsumer recover [--accept-loss]
+
+For each partition queue, compares the database's journal mark with the
+journal (JOURNAL_STREAM) and applies again, in order, the entries the
+database lacks: what a failover to a standby that was behind, or a
+point-in-time restore, took back after the service had acked it. The
+service does the same by itself before it consumes a queue, and whenever
+the database does not hold the mark it went on from (adr/0014); run this
+after a restore to know at once. Running beside the service is harmless.
+
+When the journal no longer reaches back to a queue's mark (its retention
+took entries no one holds now), it says how many events at most are lost
+and since when, and exits 1: the service does not consume that queue
+until --accept-loss moves the queue's mark past them.
+
+Flags:
+  --accept-loss   accept the loss a queue's report names, and restore the rest
+`
+
+func parseRecover(args []string, help io.Writer) (accept bool, err error) {
+	fset := flag.NewFlagSet("recover", flag.ContinueOnError)
+	fset.SetOutput(io.Discard) // its errors come back with the usage
+	fset.Usage = func() {}
+	acceptLoss := fset.Bool("accept-loss", false, "accept the loss a queue's report names")
+	err = fset.Parse(args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprint(help, recoverUsage)
+		return false, err
+	case err != nil:
+		return false, fmt.Errorf("recover: %v\n\n%s", err, recoverUsage)
+	case fset.NArg() > 0:
+		return false, fmt.Errorf("recover takes no arguments, got %q\n\n%s", fset.Args(), recoverUsage)
+	}
+	return *acceptLoss, nil
+}
+
+func recoverCommand(ctx context.Context, cfg config.Config, accept bool, stdout, stderr io.Writer) error {
+	if cfg.JournalStream == "" {
+		return errors.New("recover: JOURNAL_STREAM is not set: there is no journal to recover from")
+	}
+	database, err := db.OpenFrom(ctx, cfg.Database, 2)
+	if err != nil {
+		return err
+	}
+	defer database.Close()
+	in := db.NewInbox(database)
+	jr := journal.New(cfg.Journal())
+	defer jr.Close()
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	short := 0
+	for i := range cfg.QueueCount {
+		queue := cfg.Topology().Queue(i)
+		l := jr.Wrap(queue, in.Lane(cfg.ApplyTimeout).(event.MarkedLane), log)
+		n, err := l.Recover(ctx)
+		var se *journal.ShortError
+		if errors.As(err, &se) && accept {
+			fmt.Fprintf(stdout, "%s: accepted the loss of up to %d events acked after %s\n", queue, se.Missing(), se.Since.UTC().Format("2006-01-02T15:04:05Z"))
+			if err = l.AcceptLoss(ctx, se); err == nil {
+				n, err = l.Recover(ctx)
+			}
+		}
+		mark := l.Mark()
+		l.Close()
+		switch {
+		case errors.As(err, &se):
+			fmt.Fprintf(stdout, "%s: %v\n", queue, err)
+			short++
+		case err != nil:
+			return fmt.Errorf("recover %s: %w", queue, err)
+		default:
+			fmt.Fprintf(stdout, "%s: %d entries applied again; the database holds the journal up to entry %d\n", queue, n, mark)
+		}
+	}
+	if short > 0 {
+		return fmt.Errorf("recover: %d queue(s) cannot be restored whole; the service does not consume them until recover --accept-loss", short)
+	}
+	return nil
+}
