@@ -2,7 +2,11 @@ package integration
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -164,4 +168,115 @@ func TestAGapOlderThanTheJournalIsReportedAndItsQueueWaits(t *testing.T) {
 		t.Errorf("exit after SIGTERM: %v", err)
 	}
 	e.checkExactlyOnce(append(events, held...))
+}
+
+// A point-in-time restore to a moment under load loses nothing with the
+// journal on: the primary archives its WAL, a base backup is taken, the
+// service applies and acks events, and the database is restored
+// (pg_basebackup, the WAL archive, recovery_target_time) to a moment
+// halfway through. The events acked after that moment are gone from the
+// restored database and from the broker; the service, started against the
+// restored database, applies them again from the journal before it
+// consumes, in order, and goes on: each event once, balances right, each
+// account's order kept, nothing dead-lettered.
+func TestAPointInTimeRestoreWithTheJournalLosesNothing(t *testing.T) {
+	parallel(t) // on a server of its own
+	primary := newPGCluster(t)
+	archive := pgDataDir(t)
+	f, err := os.OpenFile(filepath.Join(primary.dir, "postgresql.auto.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(f, "archive_mode = on\narchive_command = 'cp %%p %s/%%f'\n", archive)
+	f.Close()
+	primary.stop()
+	primary.start()
+	admin := sqlx.MustOpen("postgres", primary.adminURL())
+	t.Cleanup(func() { admin.Close() })
+	e := newEnvOn(t, primary.adminURL())
+	e.declare(2)
+	e.recordApplyOrder()
+	env := []string{"APPLY_TIMEOUT=5s", "JOURNAL_STREAM=" + prefix + ".journal"}
+
+	proc := startProcess(t, e.serviceEnv(2, append(env, "DATABASE_URL="+failoverURL(false, e.name, primary))...))
+	proc.waitConsuming(1)
+	before := e.publishMany(100, 8)
+	waitFor(t, 60*time.Second, "the first events applied", func() bool { return e.inboxCount() == len(before) })
+	backup := pgDataDir(t)
+	primary.run("pg_basebackup", "-h", "127.0.0.1", "-p", strconv.Itoa(primary.port), "-U", "postgres",
+		"-D", backup, "-X", "stream", "-c", "fast", "--no-sync")
+
+	load := transfers(e, 600, 8)
+	var published atomic.Int64
+	if err := e.publishPipelined(load, &published); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "a third of the load applied", func() bool { return e.inboxCount() >= len(before)+len(load)/3 })
+	var target string
+	admin.Get(&target, `SELECT now()::text`)
+	waitFor(t, 60*time.Second, "the whole load applied and acked", func() bool {
+		return e.inboxCount() == len(before)+len(load) && e.ready(prefix+".0")+e.ready(prefix+".1") == 0 &&
+			proc.count("outcome", "applied") == len(before)+len(load)
+	})
+	if err := proc.stop(syscall.SIGTERM, 20*time.Second); err != nil {
+		t.Errorf("exit after SIGTERM: %v", err)
+	}
+	var segment string
+	admin.Get(&segment, `SELECT pg_walfile_name(pg_switch_wal())`)
+	waitFor(t, 60*time.Second, "the WAL archived up to the end of the load", func() bool {
+		var archived string
+		admin.Get(&archived, `SELECT coalesce(last_archived_wal, '') FROM pg_stat_archiver`)
+		return archived >= segment
+	})
+	primary.stopQuietly()
+
+	// The restore: the base backup, the archive, the target.
+	restored := &pgCluster{t: t, bin: primary.bin, dir: backup}
+	f, err = os.OpenFile(filepath.Join(backup, "postgresql.auto.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(f, "archive_mode = off\nrestore_command = 'cp %s/%%f %%p'\nrecovery_target_time = '%s'\nrecovery_target_action = 'promote'\n", archive, target)
+	f.Close()
+	if err := os.WriteFile(filepath.Join(backup, "recovery.signal"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	restored.port = freePort(t)
+	restored.start()
+	restoredAdmin := sqlx.MustOpen("postgres", restored.adminURL())
+	t.Cleanup(func() { restoredAdmin.Close() })
+	waitFor(t, 120*time.Second, "the restored server promoted", func() bool {
+		var recovering bool
+		return restoredAdmin.Get(&recovering, `SELECT pg_is_in_recovery()`) == nil && !recovering
+	})
+	e.useAddr(restored.addr())
+	lost := 0
+	for _, ev := range load {
+		if e.inboxRows(ev.EventID) == 0 {
+			lost++
+		}
+	}
+	t.Logf("restored to %s: the database lacks %d of the %d events of the load, all acked", target, lost, len(load))
+	if lost == 0 || lost == len(load) {
+		t.Fatalf("the restore's target is not under the load (%d of %d lost)", lost, len(load))
+	}
+
+	proc = startProcess(t, e.serviceEnv(2, append(env, "DATABASE_URL="+failoverURL(false, e.name, restored))...))
+	more := transfers(e, 100, 8)
+	if err := e.publishPipelined(more, &published); err != nil {
+		t.Fatal(err)
+	}
+	events := append(append(before, load...), more...)
+	waitFor(t, 120*time.Second, "every event applied on the restored database", func() bool { return e.inboxCount() == len(events) })
+	if err := proc.stop(syscall.SIGTERM, 20*time.Second); err != nil {
+		t.Errorf("exit after SIGTERM: %v", err)
+	}
+	e.checkExactlyOnce(events)
+	e.checkAccountOrder(events)
+	if n := proc.count("outcome", "dead_lettered"); n != 0 {
+		t.Errorf("%d events dead-lettered", n)
+	}
+	if restored := proc.sum("journal: applied again the entries the database had lost", "entries"); restored < lost {
+		t.Errorf("the service says it applied %d entries again, want at least the %d lost", restored, lost)
+	}
 }
