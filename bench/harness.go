@@ -50,6 +50,9 @@ type result struct {
 	// With -syscalls: the consumer's system calls per event over the
 	// window, counted by perf (the tracepoint raw_syscalls:sys_enter).
 	SyscallsPerEvent float64 `json:"syscalls_per_event,omitempty"`
+	// The database server's WAL per event over the window, from
+	// pg_current_wal_lsn() at the first event and at the last.
+	WALPerEvent float64 `json:"wal_bytes_per_event,omitempty"`
 }
 
 type harness struct {
@@ -218,7 +221,7 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 		fmt.Sprintf("BENCH_QUEUES=%d", queues), fmt.Sprintf("BENCH_EVENTS=%d", h.events),
 		fmt.Sprintf("BENCH_ACCOUNTS=%d", h.accounts))
 	switch subject {
-	case "service", "baseline", "batch":
+	case "service", "baseline", "batch", "journal", "batch-journal":
 		bin := h.service
 		if subject == "baseline" {
 			if h.baseline == "" {
@@ -228,7 +231,7 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 		}
 		batch := 1
 		switch subject {
-		case "batch":
+		case "batch", "batch-journal":
 			batch = h.batch
 		case "baseline":
 			batch = h.baselineBatch
@@ -236,6 +239,9 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 		cmd = exec.Command(bin)
 		env = append(env, "AMQP_URL="+vhostURL, "DATABASE_URL="+dbURL, fmt.Sprintf("QUEUE_COUNT=%d", queues),
 			"HTTP_ADDR="+h.httpAddr(), "INSTANCE_NAME="+name, fmt.Sprintf("BATCH_MAX=%d", batch))
+		if subject == "journal" || subject == "batch-journal" {
+			env = append(env, "JOURNAL_STREAM=transfers.journal") // in the run's own vhost
+		}
 		if h.profileDir != "" {
 			env = append(env, "PPROF=true")
 		}
@@ -346,6 +352,10 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 		}
 	}
 	begin := takeSnapshot(pid)
+	var walBegin int64
+	if subject != "ackonly" {
+		_ = db.QueryRow(`SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint`).Scan(&walBegin)
+	}
 
 	// Done when every event is in the inbox (or, without a database, when
 	// the subject has acked them all and exited). The inbox is counted less
@@ -360,6 +370,10 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 			if err := db.QueryRow(`SELECT count(*) FROM processed_event`).Scan(&n); err == nil {
 				if n == h.events {
 					end = takeSnapshot(pid)
+					var walEnd int64
+					if walBegin > 0 && db.QueryRow(`SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint`).Scan(&walEnd) == nil {
+						r.WALPerEvent = float64(walEnd-walBegin) / float64(h.events-1)
+					}
 					break
 				}
 				if elapsed := time.Since(begin.at); n > 1 {
@@ -425,7 +439,7 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 		if s, err = steady.latency(db); err != nil {
 			return r, err
 		}
-	case subject == "service" || subject == "baseline" || subject == "batch":
+	case subject == "service" || subject == "baseline" || subject == "batch" || subject == "journal" || subject == "batch-journal":
 		if s, err = serviceLatency(logPath); err != nil {
 			return r, err
 		}

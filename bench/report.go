@@ -60,6 +60,7 @@ func printTable(w io.Writer, results []result) {
 	}
 	tw.Flush()
 	printBatchRatios(w, results)
+	printJournalRatios(w, results)
 	printPerEvent(w, results, "instr/event", instrPerEvent)
 	printPerEvent(w, results, "syscalls/event", func(r result) float64 { return r.SyscallsPerEvent })
 
@@ -231,6 +232,39 @@ func writeSVG(path string, results []result) error {
 	}
 	b.WriteString("</svg>\n")
 	return os.WriteFile(path, []byte(b.String()), 0o644)
+}
+
+// printJournalRatios prints, when the journal's subjects were measured
+// beside the service's, how many times their events/s, CPU per event and
+// WAL per event are the service's without the journal, at BATCH_MAX 1
+// (journal/service) and at -batch (batch-journal/batch).
+func printJournalRatios(w io.Writer, results []result) {
+	wal := func(r result) float64 { return r.WALPerEvent }
+	var pairs [][2]string
+	for _, p := range [][2]string{{"journal", "service"}, {"batch-journal", "batch"}} {
+		if hasSubject(results, p[0]) && hasSubject(results, p[1]) {
+			pairs = append(pairs, p)
+		}
+	}
+	if len(pairs) == 0 {
+		return
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprint(tw, "queues\t")
+	for _, p := range pairs {
+		fmt.Fprintf(tw, "events/s %[1]s/%[2]s\tCPU per event %[1]s/%[2]s\tWAL per event %[1]s/%[2]s\t", p[0], p[1])
+	}
+	fmt.Fprintln(tw)
+	for _, q := range queueCounts(results) {
+		fmt.Fprintf(tw, "%d\t", q)
+		for _, p := range pairs {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t", medianRatio(results, p[0], p[1], q, rate),
+				medianRatio(results, p[0], p[1], q, cpuPerEvent), medianRatio(results, p[0], p[1], q, wal))
+		}
+		fmt.Fprintln(tw)
+	}
+	tw.Flush()
 }
 
 // printBatchRatios prints, when the subject batch was measured beside the

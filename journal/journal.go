@@ -4,9 +4,10 @@
 // applied again (adr/0014).
 //
 // Each entry is one event as it was delivered, with its queue and a
-// sequence number per queue. The entry is written after the event's
+// sequence number per queue; a transaction's entries travel in one
+// message of the stream. The entries are written after the event's
 // transaction committed and before the ack; that transaction moved the
-// queue's mark in the database (journal_mark) to the entry's sequence. The
+// queue's mark in the database (journal_mark) to its last sequence. The
 // database thus says exactly which entries it holds: those of the queue
 // above its mark are what it lost. A Lane wraps a worker's database lane:
 // it numbers and journals what the worker applies, and before the queue's
@@ -18,9 +19,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
@@ -29,14 +30,34 @@ import (
 	"transferconsumer/event"
 )
 
-// The headers an entry adds to the event's own.
+// A journal message holds the entries of one transaction, of one queue:
+// its headers name the queue and the first and last sequence, its body is
+// the entries in JSON (wireEntry). One message per transaction, not per
+// event, keeps the broker's work per batch, not per event. A fence, which
+// a read appends to know where the stream ended, has only its header.
 const (
-	hQueue      = "x-journal-queue"
-	hSeq        = "x-journal-seq"
-	hRoutingKey = "x-journal-routing-key"
-	hFence      = "x-journal-fence"
-	hDead       = "x-journal-dead-lettered"
+	hQueue = "x-journal-queue"
+	hFirst = "x-journal-first"
+	hLast  = "x-journal-last"
+	hFence = "x-journal-fence"
 )
+
+// maxMessage bounds a journal message's body: the entries of a larger
+// transaction are split over several messages.
+const maxMessage = 1 << 20
+
+// wireEntry is an entry in a journal message's body: the event's delivery
+// as it came, with its sequence.
+type wireEntry struct {
+	Seq         int64           `json:"seq"`
+	Dead        bool            `json:"deadLettered,omitempty"`
+	Type        string          `json:"type,omitempty"`
+	MessageID   string          `json:"messageId,omitempty"`
+	ContentType string          `json:"contentType,omitempty"`
+	RoutingKey  string          `json:"routingKey"`
+	Headers     json.RawMessage `json:"headers,omitempty"` // as event.HeadersJSON writes them
+	Body        []byte          `json:"body"`
+}
 
 // Skew is how long before the database's mark moved a read of the journal
 // starts: the mark's time is the database server's clock and an entry's
@@ -144,32 +165,24 @@ type Entry struct {
 	Dead bool
 }
 
-// Append writes entries to the stream and returns once the broker
-// confirmed every one, or ctx ended.
+// Append writes entries to the stream, in messages of one queue's
+// consecutive entries, and returns once the broker confirmed every
+// message, or ctx ended.
 func (j *Journal) Append(ctx context.Context, entries []Entry) error {
 	if len(entries) == 0 {
 		return nil
+	}
+	msgs, err := messages(entries)
+	if err != nil {
+		return fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
 	}
 	ch, err := j.channel()
 	if err != nil {
 		return err
 	}
-	confirms := make([]*amqp.DeferredConfirmation, len(entries))
-	now := time.Now()
-	for i, e := range entries {
-		m := e.Event.Message
-		headers := make(amqp.Table, len(m.Headers)+3)
-		for k, v := range m.Headers {
-			headers[k] = v
-		}
-		headers[hQueue], headers[hSeq], headers[hRoutingKey] = e.Queue, e.Seq, m.RoutingKey
-		if e.Dead {
-			headers[hDead] = true
-		}
-		confirms[i], err = ch.PublishWithDeferredConfirmWithContext(ctx, "", j.cfg.Stream, false, false, amqp.Publishing{
-			Headers: headers, Body: m.Body, MessageId: m.MessageID, ContentType: m.ContentType, Type: e.Event.Type,
-			DeliveryMode: amqp.Persistent, Timestamp: now,
-		})
+	confirms := make([]*amqp.DeferredConfirmation, len(msgs))
+	for i, m := range msgs {
+		confirms[i], err = ch.PublishWithDeferredConfirmWithContext(ctx, "", j.cfg.Stream, false, false, m)
 		if err != nil {
 			j.fail(ch)
 			return fmt.Errorf("journal %s: publish: %w", j.cfg.Stream, err)
@@ -186,6 +199,46 @@ func (j *Journal) Append(ctx context.Context, entries []Entry) error {
 		}
 	}
 	return nil
+}
+
+// messages encodes entries as journal messages: each holds consecutive
+// entries of one queue, up to maxMessage bytes of body.
+func messages(entries []Entry) ([]amqp.Publishing, error) {
+	var out []amqp.Publishing
+	now := time.Now()
+	var body []byte
+	var first Entry
+	var last int64
+	flush := func() {
+		if body == nil {
+			return
+		}
+		out = append(out, amqp.Publishing{
+			Headers:     amqp.Table{hQueue: first.Queue, hFirst: first.Seq, hLast: last},
+			ContentType: "application/json", DeliveryMode: amqp.Persistent, Timestamp: now,
+			Body: append(body, ']'),
+		})
+		body = nil
+	}
+	for _, e := range entries {
+		m := e.Event.Message
+		b, err := json.Marshal(wireEntry{Seq: e.Seq, Dead: e.Dead, Type: e.Event.Type, MessageID: m.MessageID,
+			ContentType: m.ContentType, RoutingKey: m.RoutingKey, Headers: event.HeadersJSON(m.Headers), Body: m.Body})
+		if err != nil {
+			return nil, fmt.Errorf("entry %d of %s: %w", e.Seq, e.Queue, err)
+		}
+		if body != nil && (e.Queue != first.Queue || len(body)+len(b) > maxMessage) {
+			flush()
+		}
+		if body == nil {
+			body, first = []byte{'['}, e
+		} else {
+			body = append(body, ',')
+		}
+		body, last = append(body, b...), e.Seq
+	}
+	flush()
+	return out, nil
 }
 
 // fail drops ch, so that the next use connects again: a channel whose
@@ -280,56 +333,43 @@ func (j *Journal) Read(ctx context.Context, queue string, after int64, since tim
 		if q, _ := d.Headers[hQueue].(string); q != queue {
 			continue
 		}
-		seq, ok := sequence(d.Headers[hSeq])
-		if !ok {
-			continue
-		}
-		if f.First == 0 {
-			f.First = seq
-		}
-		f.Tail = max(f.Tail, seq)
-		if seq <= after {
-			continue
-		}
-		e, err := entry(queue, seq, d)
+		entries, err := decode(queue, d.Body)
 		if err != nil {
-			return f, fmt.Errorf("journal %s: entry %d of %s: %w", j.cfg.Stream, seq, queue, err)
+			return f, fmt.Errorf("journal %s: a message of %s at offset %v: %w", j.cfg.Stream, queue, d.Headers["x-stream-offset"], err)
 		}
-		f.Entries = append(f.Entries, e)
+		for _, e := range entries {
+			if f.First == 0 {
+				f.First = e.Seq
+			}
+			f.Tail = max(f.Tail, e.Seq)
+			if e.Seq > after {
+				f.Entries = append(f.Entries, e)
+			}
+		}
 	}
 }
 
-// sequence reads an entry's sequence header.
-func sequence(v any) (int64, bool) {
-	switch n := v.(type) {
-	case int64:
-		return n, true
-	case int32:
-		return int64(n), true
-	case string:
-		s, err := strconv.ParseInt(n, 10, 64)
-		return s, err == nil
-	}
-	return 0, false
-}
-
-// entry decodes a journal delivery back into the event it holds, with
+// decode decodes a journal message's entries of queue, each event with
 // the message it was first delivered in.
-func entry(queue string, seq int64, d amqp.Delivery) (Entry, error) {
-	ev, err := event.Decode(d.Body, d.MessageId, d.Type)
-	if err != nil {
-		return Entry{}, err
+func decode(queue string, body []byte) ([]Entry, error) {
+	var wire []wireEntry
+	if err := json.Unmarshal(body, &wire); err != nil {
+		return nil, err
 	}
-	headers := make(amqp.Table, len(d.Headers))
-	for k, v := range d.Headers {
-		switch k {
-		case hQueue, hSeq, hRoutingKey, hDead, "x-stream-offset":
-		default:
-			headers[k] = v
+	out := make([]Entry, len(wire))
+	for i, w := range wire {
+		ev, err := event.Decode(w.Body, w.MessageID, w.Type)
+		if err != nil {
+			return nil, fmt.Errorf("entry %d: %w", w.Seq, err)
 		}
+		var headers amqp.Table
+		if len(w.Headers) > 0 {
+			if err := json.Unmarshal(w.Headers, &headers); err != nil {
+				return nil, fmt.Errorf("entry %d's headers: %w", w.Seq, err)
+			}
+		}
+		ev.Message = event.Message{RoutingKey: w.RoutingKey, Body: w.Body, Headers: headers, MessageID: w.MessageID, ContentType: w.ContentType}
+		out[i] = Entry{Queue: queue, Seq: w.Seq, Event: ev, Dead: w.Dead}
 	}
-	key, _ := d.Headers[hRoutingKey].(string)
-	ev.Message = event.Message{RoutingKey: key, Body: d.Body, Headers: headers, MessageID: d.MessageId, ContentType: d.ContentType}
-	dead, _ := d.Headers[hDead].(bool)
-	return Entry{Queue: queue, Seq: seq, Event: ev, Dead: dead}, nil
+	return out, nil
 }

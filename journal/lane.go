@@ -19,7 +19,7 @@ import (
 // entries the database lacks, in the journal's order (Recover). It
 // implements the consumer's BatchLane.
 type Lane struct {
-	j     *Journal
+	j     store
 	queue string
 	inner event.MarkedLane
 	log   *slog.Logger
@@ -28,6 +28,12 @@ type Lane struct {
 
 	prev   int64 // the queue's last sequence, as the database holds it once synced
 	synced bool
+}
+
+// store is where a Lane's entries go and come from: the Journal.
+type store interface {
+	Append(ctx context.Context, entries []Entry) error
+	Read(ctx context.Context, queue string, after int64, since time.Time) (Found, error)
 }
 
 // Wrap returns inner with the journal, for queue's worker.
@@ -49,9 +55,10 @@ func (l *Lane) Apply(ctx context.Context, ev event.Event) (event.Result, error) 
 // never applied again, those dead-lettered in that transaction (producer
 // conflicts). An error means the worker must not ack: nothing was
 // committed, or the journal could not take the entries (the retry finds
-// them duplicates and journals them then). After any failure but the
-// event's own, the lane reads the journal again before its next attempt:
-// the database may have come back without commits it had (a failover).
+// them duplicates and journals them then). A database that came back
+// without commits it had (a failover, a restore) is found by the first
+// transaction on it, which fails with event.ErrJournalGap: the lane then
+// reads the journal again and applies what is missing first.
 func (l *Lane) ApplyBatch(ctx context.Context, evs []event.Event) ([]event.Outcome, error) {
 	for again := true; ; again = false {
 		if !l.synced {
@@ -61,10 +68,8 @@ func (l *Lane) ApplyBatch(ctx context.Context, evs []event.Event) ([]event.Outco
 		}
 		m := event.Mark{Queue: l.queue, Prev: l.prev, Last: l.prev + int64(len(evs))}
 		outs, err := l.inner.ApplyMarked(ctx, evs, m)
-		if err != nil && !event.CausedByMessage(event.ClassOf(ctx, err)) {
-			l.synced = false
-		}
 		if errors.Is(err, event.ErrJournalGap) {
+			l.synced = false
 			l.log.Warn("journal: the database does not hold the mark the worker went on from; reading the journal again",
 				"queue", l.queue, "err", err)
 			if again {
@@ -80,7 +85,6 @@ func (l *Lane) ApplyBatch(ctx context.Context, evs []event.Event) ([]event.Outco
 			entries[i] = Entry{Queue: l.queue, Seq: m.Prev + 1 + int64(i), Event: evs[i], Dead: o.Err != nil}
 		}
 		if err := l.j.Append(ctx, entries); err != nil {
-			l.synced = false
 			return nil, event.Transient(err)
 		}
 		return outs, nil

@@ -1,0 +1,353 @@
+package journal
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"transferconsumer/event"
+)
+
+// database is a model of the database's side of a lane: the events it
+// applied, in order, and each queue's mark, moved as journal_advance moves
+// it. lose takes back its last commits, as a failover to a standby behind
+// or a restore does.
+type database struct {
+	applied []string // event ids, in the order applied
+	mark    int64
+	at      time.Time
+	commits []commit // to take back
+	refuse  map[string]error
+	conflic map[string]bool // answered as a producer conflict, committed
+	down    error
+}
+
+type commit struct {
+	mark    int64
+	at      time.Time
+	applied int
+}
+
+func (d *database) lose(n int) {
+	c := d.commits[len(d.commits)-n]
+	d.commits = d.commits[:len(d.commits)-n]
+	d.mark, d.at, d.applied = c.mark, c.at, d.applied[:c.applied]
+}
+
+type modelLane struct{ db *database }
+
+func (l modelLane) Apply(ctx context.Context, ev event.Event) (event.Result, error) {
+	panic("the journal's lane applies through ApplyMarked")
+}
+
+func (l modelLane) Close() {}
+
+func (l modelLane) Marked(context.Context, string) (int64, time.Time, error) {
+	if l.db.down != nil {
+		return 0, time.Time{}, l.db.down
+	}
+	return l.db.mark, l.db.at, nil
+}
+
+func (l modelLane) ApplyMarked(_ context.Context, evs []event.Event, m event.Mark) ([]event.Outcome, error) {
+	d := l.db
+	if d.down != nil {
+		return nil, event.Transient(d.down)
+	}
+	if d.mark != m.Prev {
+		return nil, event.Transient(fmt.Errorf("%w: holds %d, went on from %d", event.ErrJournalGap, d.mark, m.Prev))
+	}
+	outs := make([]event.Outcome, len(evs))
+	for _, ev := range evs {
+		if err := d.refuse[ev.ID]; err != nil {
+			return nil, err
+		}
+	}
+	d.commits = append(d.commits, commit{d.mark, d.at, len(d.applied)})
+	for i, ev := range evs {
+		switch {
+		case d.conflic[ev.ID]:
+			outs[i].Err = event.Conflict(errors.New("conflict"))
+		case slices.Contains(d.applied, ev.ID):
+			outs[i].Duplicate = true
+		default:
+			d.applied = append(d.applied, ev.ID)
+		}
+	}
+	d.mark, d.at = m.Last, time.Now()
+	return outs, nil
+}
+
+// stream is a model of the journal's stream: its entries in order, and
+// the sequences its retention took.
+type stream struct {
+	entries []Entry
+	head    time.Time // when its first entry was written
+	fail    error
+	reads   int
+}
+
+func (s *stream) Append(_ context.Context, entries []Entry) error {
+	if s.fail != nil {
+		return s.fail
+	}
+	if s.head.IsZero() {
+		s.head = time.Now()
+	}
+	s.entries = append(s.entries, entries...)
+	return nil
+}
+
+func (s *stream) Read(_ context.Context, queue string, after int64, since time.Time) (Found, error) {
+	s.reads++
+	f := Found{Tail: after, FromStart: since.IsZero(), Head: s.head}
+	for _, e := range s.entries {
+		if e.Queue != queue {
+			continue
+		}
+		if f.First == 0 {
+			f.First = e.Seq
+		}
+		f.Tail = max(f.Tail, e.Seq)
+		if e.Seq > after {
+			f.Entries = append(f.Entries, e)
+		}
+	}
+	return f, nil
+}
+
+// trim drops the stream's first n entries, as its retention does.
+func (s *stream) trim(n int) {
+	s.entries = s.entries[n:]
+	s.head = time.Now()
+}
+
+func newLane(db *database, s *stream) *Lane {
+	return &Lane{j: s, queue: "q.0", inner: modelLane{db}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+}
+
+func events(n int) []event.Event {
+	out := make([]event.Event, n)
+	for i := range out {
+		out[i] = event.Event{ID: fmt.Sprintf("ev-%03d", i), Type: "TransferCreated"}
+	}
+	return out
+}
+
+func applyAll(t *testing.T, l *Lane, evs []event.Event, batch int) {
+	t.Helper()
+	for i := 0; i < len(evs); i += batch {
+		if _, err := l.ApplyBatch(t.Context(), evs[i:min(i+batch, len(evs))]); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Each committed event is journaled with the sequence its transaction
+// moved the mark to; after the database takes back its last commits, the
+// next attempt finds the gap, the lost events are applied again first, in
+// their order, and the attempt goes on: the database ends with every
+// event once, in the order they were acked.
+func TestALostCommitIsAppliedAgainInOrder(t *testing.T) {
+	for _, batch := range []int{1, 3} {
+		t.Run(fmt.Sprintf("batch %d", batch), func(t *testing.T) {
+			db, s := &database{}, &stream{}
+			l := newLane(db, s)
+			evs := events(12)
+			applyAll(t, l, evs[:9], batch)
+			if db.mark != 9 || len(s.entries) != 9 || s.entries[8].Seq != 9 {
+				t.Fatalf("mark %d, %d entries: want 9 of each", db.mark, len(s.entries))
+			}
+			db.lose(2)
+			applyAll(t, l, evs[9:], batch)
+			want := make([]string, len(evs))
+			for i, ev := range evs {
+				want[i] = ev.ID
+			}
+			if !slices.Equal(db.applied, want) {
+				t.Fatalf("applied %v, want %v", db.applied, want)
+			}
+			if db.mark != 12 {
+				t.Errorf("mark %d, want 12", db.mark)
+			}
+		})
+	}
+}
+
+// An event dead-lettered in its transaction (a producer conflict) keeps
+// its sequence in the journal, marked, and is never applied again: the
+// restore moves the mark over it. An event whose transaction the database
+// refused takes no sequence and writes no entry.
+func TestADeadLetteredEntryIsNeverAppliedAgain(t *testing.T) {
+	db := &database{conflic: map[string]bool{"ev-001": true}, refuse: map[string]error{"ev-002": event.Transition(errors.New("no"))}}
+	st := &stream{}
+	l := newLane(db, st)
+	evs := events(4)
+	for _, ev := range evs {
+		_, _ = l.ApplyBatch(t.Context(), []event.Event{ev})
+	}
+	var seqs []int64
+	for _, e := range st.entries {
+		seqs = append(seqs, e.Seq)
+		if e.Dead != (e.Event.ID == "ev-001") {
+			t.Errorf("entry %d (%s) dead-lettered: %v", e.Seq, e.Event.ID, e.Dead)
+		}
+	}
+	if !slices.Equal(seqs, []int64{1, 2, 3}) {
+		t.Fatalf("entries %v, want 1 2 3 (the refused event takes none)", seqs)
+	}
+	db.lose(3)
+	db.conflic = nil // were it applied again, it would now apply
+	if _, err := l.Recover(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(db.applied, []string{"ev-000", "ev-003"}) || db.mark != 3 {
+		t.Fatalf("applied %v, mark %d; want ev-000 ev-003, mark 3", db.applied, db.mark)
+	}
+}
+
+// An entry the journal could not take is never acked: the attempt fails
+// as the environment's, and the retry, a duplicate, is journaled then.
+func TestAnEventTheJournalDidNotTakeIsNotAcked(t *testing.T) {
+	db, s := &database{}, &stream{fail: errors.New("stream down")}
+	l := newLane(db, s)
+	ev := events(1)
+	_, err := l.ApplyBatch(t.Context(), ev)
+	if event.ClassOf(t.Context(), err) != event.ClassTransient {
+		t.Fatalf("%v, want a transient error", err)
+	}
+	s.fail = nil
+	outs, err := l.ApplyBatch(t.Context(), ev)
+	if err != nil || !outs[0].Duplicate || len(s.entries) != 1 || s.entries[0].Seq != 2 {
+		t.Fatalf("retry: %v %v, entries %+v; want a duplicate journaled as entry 2", outs, err, s.entries)
+	}
+}
+
+// The journal is read when the lane starts and when the database lacks
+// the mark the lane went on from, and at no other failure: a failure of
+// the environment that took nothing back (a refused connection, a
+// deadlock) is retried without reading the stream.
+func TestTheJournalIsReadOnlyWhenTheDatabaseLacksTheMark(t *testing.T) {
+	db, s := &database{}, &stream{}
+	l := newLane(db, s)
+	applyAll(t, l, events(3), 1)
+	if s.reads != 1 {
+		t.Fatalf("%d reads to start, want 1", s.reads)
+	}
+	db.down = errors.New("connection refused")
+	for range 3 {
+		if _, err := l.ApplyBatch(t.Context(), events(4)[3:]); err == nil {
+			t.Fatal("applied with the database down")
+		}
+	}
+	db.down = nil
+	applyAll(t, l, events(4)[3:], 1)
+	if s.reads != 1 {
+		t.Fatalf("%d reads after failures that took nothing back, want still 1", s.reads)
+	}
+	db.lose(2)
+	applyAll(t, l, events(5)[4:], 1)
+	if s.reads != 2 {
+		t.Errorf("%d reads after the database lost commits, want 2", s.reads)
+	}
+	if !slices.Equal(db.applied, []string{"ev-000", "ev-001", "ev-002", "ev-003", "ev-004"}) {
+		t.Errorf("applied %v", db.applied)
+	}
+}
+
+// When the journal begins after the database's mark moved and its first
+// entry of the queue is past the next one, Recover reports how many
+// events at most it cannot restore, and the lane applies nothing; once the
+// loss is accepted, the rest is restored.
+func TestAJournalThatDoesNotReachBackHoldsTheQueue(t *testing.T) {
+	db, s := &database{}, &stream{}
+	l := newLane(db, s)
+	evs := events(10)
+	applyAll(t, l, evs, 1)
+	db.lose(6) // the database holds up to entry 4
+	s.trim(7)  // the journal from entry 8
+	_, err := l.ApplyBatch(t.Context(), events(11)[10:])
+	var short *ShortError
+	if !errors.As(err, &short) || short.Missing() != 3 || short.Mark != 4 || short.First != 8 {
+		t.Fatalf("%v, want a ShortError of 3 events (5 to 7)", err)
+	}
+	if len(db.applied) != 4 {
+		t.Fatalf("applied %v while the queue waited", db.applied)
+	}
+	if err := l.AcceptLoss(t.Context(), short); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := l.Recover(t.Context()); err != nil || n != 3 {
+		t.Fatalf("recover after accepting the loss: %d, %v; want 3 entries", n, err)
+	}
+	want := []string{"ev-000", "ev-001", "ev-002", "ev-003", "ev-007", "ev-008", "ev-009"}
+	if !slices.Equal(db.applied, want) {
+		t.Errorf("applied %v, want %v", db.applied, want)
+	}
+}
+
+// A transaction's entries travel in one message per queue (more for a
+// body past maxMessage), and come back as they went: sequence, the
+// dead-lettered mark, and the delivery the event came in.
+func TestEntriesComeBackAsTheyWent(t *testing.T) {
+	body := []byte(`{"eventId":"6f1c3c9e-9d1e-4c53-9a55-7b1f2c3d4e5f","eventType":"TransferCreated","occurredAt":"2026-07-10T12:00:00Z",` +
+		`"data":{"transferId":"0b7d8c2e-1a3f-4e5d-8c9b-2a1f3e4d5c6b","fromAccount":"a","toAccount":"b","amountMinor":5,"currency":"EUR"}}`)
+	const id = "6f1c3c9e-9d1e-4c53-9a55-7b1f2c3d4e5f"
+	ev, err := event.Decode(body, id, "TransferCreated")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev.Message = event.Message{RoutingKey: "a", Body: body, MessageID: id, ContentType: "application/json",
+		Headers: amqp.Table{"x-producer": "payments", "n": int64(3)}}
+	entries := []Entry{{Queue: "q.0", Seq: 7, Event: ev}, {Queue: "q.0", Seq: 8, Event: ev, Dead: true}, {Queue: "q.1", Seq: 1, Event: ev}}
+	msgs, err := messages(entries)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(msgs) != 2 || msgs[0].Headers[hQueue] != "q.0" || msgs[0].Headers[hFirst] != int64(7) || msgs[0].Headers[hLast] != int64(8) {
+		t.Fatalf("%d messages, the first's headers %v; want 2, the first of q.0's 7 to 8", len(msgs), msgs[0].Headers)
+	}
+	back, err := decode("q.0", msgs[0].Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(back) != 2 || back[0].Seq != 7 || back[0].Dead || back[1].Seq != 8 || !back[1].Dead {
+		t.Fatalf("%+v", back)
+	}
+	got := back[0].Event
+	if got.ID != ev.ID || string(got.Fingerprint) != string(ev.Fingerprint) || string(got.Message.Body) != string(body) ||
+		got.Message.RoutingKey != "a" || got.Message.MessageID != id || got.Message.Headers["x-producer"] != "payments" {
+		t.Errorf("came back as %+v", got)
+	}
+
+	var big []Entry
+	for i := range 3 * maxMessage / len(body) {
+		big = append(big, Entry{Queue: "q.0", Seq: int64(i + 1), Event: ev})
+	}
+	msgs, err = messages(big)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, m := range msgs {
+		if len(m.Body) > maxMessage {
+			t.Errorf("a message of %d bytes", len(m.Body))
+		}
+		var w []json.RawMessage
+		if err := json.Unmarshal(m.Body, &w); err != nil {
+			t.Fatal(err)
+		}
+		n += len(w)
+	}
+	if len(msgs) < 2 || n != len(big) {
+		t.Errorf("%d entries in %d messages, want %d in several", n, len(msgs), len(big))
+	}
+}
