@@ -292,6 +292,7 @@ func readmeGrants(t *testing.T) map[string]grants {
 	}
 	// An empty regex would grant everything: each row must be there, whole.
 	for _, row := range []string{"the service, `DECLARE_TOPOLOGY=false`", "the service, `DECLARE_TOPOLOGY=true` (the default)",
+		"the service with the journal, `JOURNAL_STREAM=transfers.journal`",
 		"`transferconsumer topology`, `transferconsumer repartition`",
 		"`transferconsumer dlq list`, `dlq replay --dry-run`", "`transferconsumer dlq replay`"} {
 		if g, ok := out[row]; !ok || g.configure == "" || g.write == "" || g.read == "" {
@@ -387,4 +388,33 @@ func (e *env) redeclareQueue(name string, args amqp.Table, key, exchange string)
 	if err := ch.QueueBind(name, key, exchange, false, nil); err != nil {
 		e.t.Fatal(err)
 	}
+}
+
+// The service with the journal runs as a user with the README's row for
+// it: it declares the stream, journals every event it applies (the marks
+// count them) and reads the journal back before consuming, with nothing
+// refused.
+func TestPermissionsForTheJournalInTheREADMEAreEnough(t *testing.T) {
+	parallel(t)
+	e := newEnv(t)
+	grants := readmeGrants(t)
+	svcURL := e.brokerUser("svc", grants["the service with the journal, `JOURNAL_STREAM=transfers.journal`"], "")
+	env := e.serviceEnv(2, "AMQP_URL="+svcURL, "INSTANCE_NAME="+e.name+"-svc", "JOURNAL_STREAM=transfers.journal")
+	proc := startProcess(t, env)
+	proc.waitConsuming(1)
+	events := e.publishMany(6, 3)
+	waitFor(t, 30*time.Second, "every event applied and journaled", func() bool {
+		var marked int
+		e.db.Get(&marked, `SELECT coalesce(sum(seq), 0) FROM journal_mark`)
+		return e.inboxCount() == len(events) && proc.count("outcome", "applied") == len(events) && marked == len(events)
+	})
+	if err := proc.stop(syscall.SIGTERM, 20*time.Second); err != nil {
+		t.Errorf("exit after SIGTERM: %v", err)
+	}
+	proc.checkNothingRefused()
+	out, err := runCommand(t, append(env, "AMQP_URL="+svcURL), "recover")
+	if err != nil || strings.Count(out, "0 entries applied again") != 2 {
+		t.Errorf("recover as the service's user: %v\n%s", err, out)
+	}
+	e.checkBalances(events)
 }

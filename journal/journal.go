@@ -47,7 +47,9 @@ const (
 const maxMessage = 1 << 20
 
 // wireEntry is an entry in a journal message's body: the event's delivery
-// as it came, with its sequence.
+// as it came, with its sequence. The body and the headers are JSON
+// already (event.Decode accepted the one, event.HeadersJSON wrote the
+// other), so they are written into the entry as they are.
 type wireEntry struct {
 	Seq         int64           `json:"seq"`
 	Dead        bool            `json:"deadLettered,omitempty"`
@@ -55,8 +57,26 @@ type wireEntry struct {
 	MessageID   string          `json:"messageId,omitempty"`
 	ContentType string          `json:"contentType,omitempty"`
 	RoutingKey  string          `json:"routingKey"`
-	Headers     json.RawMessage `json:"headers,omitempty"` // as event.HeadersJSON writes them
-	Body        []byte          `json:"body"`
+	Headers     json.RawMessage `json:"headers,omitempty"`
+	Body        json.RawMessage `json:"body"`
+}
+
+// appendEntry appends e's wire form to b: its other fields through
+// encoding/json, then its headers and body as they are, without the
+// copy and the check json.RawMessage would make of them.
+func appendEntry(b []byte, e Entry) ([]byte, error) {
+	m := e.Event.Message
+	meta, err := json.Marshal(wireEntry{Seq: e.Seq, Dead: e.Dead, Type: e.Event.Type, MessageID: m.MessageID,
+		ContentType: m.ContentType, RoutingKey: m.RoutingKey, Body: json.RawMessage("null")})
+	if err != nil {
+		return b, err
+	}
+	b = append(b, meta[:len(meta)-len(`"body":null}`)]...)
+	if h := event.HeadersJSON(m.Headers); h != nil {
+		b = append(append(append(b, `"headers":`...), h...), ',')
+	}
+	b = append(append(b, `"body":`...), m.Body...)
+	return append(b, '}'), nil
 }
 
 // Skew is how long before the database's mark moved a read of the journal
@@ -221,21 +241,20 @@ func messages(entries []Entry) ([]amqp.Publishing, error) {
 		body = nil
 	}
 	for _, e := range entries {
-		m := e.Event.Message
-		b, err := json.Marshal(wireEntry{Seq: e.Seq, Dead: e.Dead, Type: e.Event.Type, MessageID: m.MessageID,
-			ContentType: m.ContentType, RoutingKey: m.RoutingKey, Headers: event.HeadersJSON(m.Headers), Body: m.Body})
-		if err != nil {
-			return nil, fmt.Errorf("entry %d of %s: %w", e.Seq, e.Queue, err)
-		}
-		if body != nil && (e.Queue != first.Queue || len(body)+len(b) > maxMessage) {
+		if body != nil && (e.Queue != first.Queue || len(body) > maxMessage-len(e.Event.Message.Body)-1024) {
 			flush()
 		}
 		if body == nil {
-			body, first = []byte{'['}, e
+			body, first = make([]byte, 1, 64<<10), e
+			body[0] = '['
 		} else {
 			body = append(body, ',')
 		}
-		body, last = append(body, b...), e.Seq
+		var err error
+		if body, err = appendEntry(body, e); err != nil {
+			return nil, fmt.Errorf("entry %d of %s: %w", e.Seq, e.Queue, err)
+		}
+		last = e.Seq
 	}
 	flush()
 	return out, nil

@@ -125,7 +125,20 @@ func (e *ShortError) Error() string {
 // mark, it reads again from the stream's start, and if the journal begins
 // after the mark moved, its retention may have taken events no one holds
 // now: it returns a *ShortError, and the queue waits.
+//
+// Another reader restoring the same queue at once (a replica, the recover
+// command) moves the mark under it: it then starts again from the mark
+// the database holds, a few times.
 func (l *Lane) Recover(ctx context.Context) (int, error) {
+	for try := 1; ; try++ {
+		n, err := l.recover(ctx)
+		if !errors.Is(err, event.ErrJournalGap) || try == 5 {
+			return n, err
+		}
+	}
+}
+
+func (l *Lane) recover(ctx context.Context) (int, error) {
 	mark, at, err := l.inner.Marked(ctx, l.queue)
 	if err != nil {
 		return 0, err
