@@ -43,6 +43,18 @@ func topologyCommand(cfg config.Config, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "declared exchange %s, queues %s … %s, and %s → %s\n",
 		t.Prefix, t.Queue(0), t.Queue(t.Queues-1), dlq.Exchange(t.Prefix), dlq.Queue(t.Prefix))
+	if cfg.JournalStream != "" {
+		j := cfg.Journal()
+		ch, err := conn.Channel()
+		if err != nil {
+			return err
+		}
+		defer ch.Close()
+		if _, err := ch.QueueDeclare(j.Stream, true, false, false, false, j.Args()); err != nil {
+			return fmt.Errorf("topology: the journal %s: %w", j.Stream, err)
+		}
+		fmt.Fprintf(stdout, "declared the journal, stream %s (x-max-age %s)\n", j.Stream, j.MaxAge)
+	}
 	return nil
 }
 

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // The commands' errors against a real broker say what to do, not only what
@@ -54,5 +56,37 @@ func TestCLITopologyDoesNotGrowTheQueuesSilently(t *testing.T) {
 	}
 	if out, err := runCommand(t, env(3), "topology"); err != nil {
 		t.Errorf("topology with the count that exists: %v\n%s", err, out)
+	}
+}
+
+// With JOURNAL_STREAM set, topology also declares the journal's stream,
+// with its retention, for a service that runs with DECLARE_TOPOLOGY=false.
+func TestCLITopologyDeclaresTheJournal(t *testing.T) {
+	parallel(t)
+	e := newEnv(t)
+	stream := prefix + ".journal"
+	out, err := runCommand(t, e.commandEnv(2, "JOURNAL_STREAM="+stream, "JOURNAL_MAX_AGE=3D"), "topology")
+	if err != nil || !strings.Contains(out, "declared the journal, stream "+stream+" (x-max-age 3D)") {
+		t.Fatalf("topology: %v\n%s", err, out)
+	}
+	conn, err := amqp.Dial(e.amqpURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	declare := func(args amqp.Table) error {
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ch.Close()
+		_, err = ch.QueueDeclare(stream, true, false, false, false, args)
+		return err
+	}
+	if err := declare(amqp.Table{"x-queue-type": "stream", "x-max-age": "3D"}); err != nil {
+		t.Errorf("the journal is not a stream with x-max-age 3D: %v", err)
+	}
+	if err := declare(amqp.Table{"x-queue-type": "quorum"}); err == nil {
+		t.Errorf("the journal could be declared a quorum queue: it is not a stream")
 	}
 }
