@@ -28,6 +28,10 @@ type Lane struct {
 
 	prev   int64 // the queue's last sequence, as the database holds it once synced
 	synced bool
+	// short is the last Recover's *ShortError: while the database's mark
+	// stays where it was, the retries of the waiting queue answer it again
+	// without reading the stream from its start each time.
+	short *ShortError
 }
 
 // store is where a Lane's entries go and come from: the Journal.
@@ -143,6 +147,10 @@ func (l *Lane) recover(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	if l.short != nil && l.short.Mark == mark && l.short.Since.Equal(at) {
+		return 0, l.short
+	}
+	l.short = nil
 	found, err := l.j.Read(ctx, l.queue, mark, at)
 	if err == nil && found.First > mark+1 && !found.FromStart {
 		found, err = l.j.Read(ctx, l.queue, mark, time.Time{})
@@ -151,7 +159,8 @@ func (l *Lane) recover(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	if found.First > mark+1 && found.Head.After(at) {
-		return 0, &ShortError{Queue: l.queue, Mark: mark, First: found.First, Since: at, Head: found.Head}
+		l.short = &ShortError{Queue: l.queue, Mark: mark, First: found.First, Since: at, Head: found.Head}
+		return 0, l.short
 	}
 	return l.restore(ctx, mark, found)
 }

@@ -279,6 +279,15 @@ func TestAJournalThatDoesNotReachBackHoldsTheQueue(t *testing.T) {
 	if !errors.As(err, &short) || short.Missing() != 3 || short.Mark != 4 || short.First != 8 {
 		t.Fatalf("%v, want a ShortError of 3 events (5 to 7)", err)
 	}
+	reads := s.reads
+	for range 3 { // the worker's retries while the queue waits
+		if _, err := l.ApplyBatch(t.Context(), events(11)[10:]); !errors.As(err, &short) {
+			t.Fatalf("retry: %v, want the ShortError again", err)
+		}
+	}
+	if s.reads != reads {
+		t.Errorf("the retries read the stream %d times; while the mark stays, none should", s.reads-reads)
+	}
 	if len(db.applied) != 4 {
 		t.Fatalf("applied %v while the queue waited", db.applied)
 	}
