@@ -53,6 +53,21 @@ func streaming(t *testing.T, admin *sqlx.DB, name, want string) {
 	})
 }
 
+// caughtUp waits until standby has replayed all the primary (admin) has
+// written so far.
+func caughtUp(t *testing.T, admin *sqlx.DB, standby *pgCluster) {
+	t.Helper()
+	var lsn string
+	admin.Get(&lsn, `SELECT pg_current_wal_lsn()::text`)
+	standbyAdmin := sqlx.MustOpen("postgres", standby.adminURL())
+	defer standbyAdmin.Close()
+	waitFor(t, 60*time.Second, "the standby to catch up", func() bool {
+		var caught bool
+		standbyAdmin.Get(&caught, `SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn`, lsn)
+		return caught
+	})
+}
+
 // promote crashes primary (pg_ctl stop -m immediate: no shutdown
 // checkpoint, sessions cut as by a power loss) and promotes standby.
 func promote(primary, standby *pgCluster) {
@@ -224,15 +239,7 @@ func TestFailoverToAnAsynchronousStandbyLosesAckedEvents(t *testing.T) {
 
 	before := e.publishMany(100, 4)
 	waitFor(t, 60*time.Second, "the first events applied", func() bool { return e.inboxCount() == len(before) })
-	var lsn string
-	admin.Get(&lsn, `SELECT pg_current_wal_lsn()::text`)
-	standbyAdmin := sqlx.MustOpen("postgres", standby.adminURL())
-	t.Cleanup(func() { standbyAdmin.Close() })
-	waitFor(t, 60*time.Second, "the standby caught up with them", func() bool {
-		var caught bool
-		standbyAdmin.Get(&caught, `SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn`, lsn)
-		return caught
-	})
+	caughtUp(t, admin, standby)
 
 	replication.down() // the standby falls behind from here
 	after := e.publishMany(100, 4)

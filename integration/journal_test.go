@@ -45,15 +45,7 @@ func TestFailoverToAnAsynchronousStandbyWithTheJournalLosesNothing(t *testing.T)
 
 			before := e.publishMany(100, 8)
 			waitFor(t, 60*time.Second, "the first events applied", func() bool { return e.inboxCount() == len(before) })
-			var lsn string
-			admin.Get(&lsn, `SELECT pg_current_wal_lsn()::text`)
-			standbyAdmin := sqlx.MustOpen("postgres", standby.adminURL())
-			t.Cleanup(func() { standbyAdmin.Close() })
-			waitFor(t, 60*time.Second, "the standby caught up with them", func() bool {
-				var caught bool
-				standbyAdmin.Get(&caught, `SELECT pg_last_wal_replay_lsn() >= $1::pg_lsn`, lsn)
-				return caught
-			})
+			caughtUp(t, admin, standby)
 
 			replication.down() // the standby falls behind from here
 			after := transfers(e, 300, 8)
@@ -66,12 +58,7 @@ func TestFailoverToAnAsynchronousStandbyWithTheJournalLosesNothing(t *testing.T)
 			})
 			promote(primary, standby)
 			e.useAddr(standby.addr())
-			lost := 0
-			for _, ev := range after {
-				if e.inboxRows(ev.EventID) == 0 {
-					lost++
-				}
-			}
+			lost := e.missing(after)
 			t.Logf("the new primary lacks %d of the %d events acked while the standby was behind", lost, len(after))
 			if lost == 0 {
 				t.Fatalf("no acked event is missing on the new primary: the test held nothing back")
@@ -81,22 +68,7 @@ func TestFailoverToAnAsynchronousStandbyWithTheJournalLosesNothing(t *testing.T)
 			for _, tr := range more {
 				e.publish(tr)
 			}
-			events := append(append(before, after...), more...)
-			waitFor(t, 120*time.Second, "every event applied on the new primary", func() bool { return e.inboxCount() == len(events) })
-			if err := proc.stop(syscall.SIGTERM, 20*time.Second); err != nil {
-				t.Errorf("exit after SIGTERM: %v", err)
-			}
-			e.checkExactlyOnce(events)
-			e.checkAccountOrder(events)
-			if n := proc.count("outcome", "dead_lettered"); n != 0 {
-				t.Errorf("%d events dead-lettered", n)
-			}
-			// Each lost event was applied again from the journal (the
-			// count may include entries the standby held, which the
-			// inbox dropped).
-			if restored := proc.sum("journal: applied again the entries the database had lost", "entries"); restored < lost {
-				t.Errorf("the service says it applied %d entries again, want at least the %d lost", restored, lost)
-			}
+			e.checkRestored(proc, append(append(before, after...), more...), lost)
 		})
 	}
 }
@@ -250,12 +222,7 @@ func TestAPointInTimeRestoreWithTheJournalLosesNothing(t *testing.T) {
 		return restoredAdmin.Get(&recovering, `SELECT pg_is_in_recovery()`) == nil && !recovering
 	})
 	e.useAddr(restored.addr())
-	lost := 0
-	for _, ev := range load {
-		if e.inboxRows(ev.EventID) == 0 {
-			lost++
-		}
-	}
+	lost := e.missing(load)
 	t.Logf("restored to %s: the database lacks %d of the %d events of the load, all acked", target, lost, len(load))
 	if lost == 0 || lost == len(load) {
 		t.Fatalf("the restore's target is not under the load (%d of %d lost)", lost, len(load))
@@ -266,17 +233,38 @@ func TestAPointInTimeRestoreWithTheJournalLosesNothing(t *testing.T) {
 	if err := e.publishPipelined(more, &published); err != nil {
 		t.Fatal(err)
 	}
-	events := append(append(before, load...), more...)
-	waitFor(t, 120*time.Second, "every event applied on the restored database", func() bool { return e.inboxCount() == len(events) })
+	e.checkRestored(proc, append(append(before, load...), more...), lost)
+}
+
+// missing counts the events of evs the database lacks.
+func (e *env) missing(evs []transfer) int {
+	e.t.Helper()
+	n := 0
+	for _, ev := range evs {
+		if e.inboxRows(ev.EventID) == 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// checkRestored waits until every event of events is applied, stops proc,
+// and checks that each was applied once, each account in order, none
+// dead-lettered, and that proc says it applied again at least the lost
+// ones from the journal (the count may include entries the database still
+// held, which the inbox dropped).
+func (e *env) checkRestored(proc *process, events []transfer, lost int) {
+	e.t.Helper()
+	waitFor(e.t, 120*time.Second, "every event applied", func() bool { return e.inboxCount() == len(events) })
 	if err := proc.stop(syscall.SIGTERM, 20*time.Second); err != nil {
-		t.Errorf("exit after SIGTERM: %v", err)
+		e.t.Errorf("exit after SIGTERM: %v", err)
 	}
 	e.checkExactlyOnce(events)
 	e.checkAccountOrder(events)
 	if n := proc.count("outcome", "dead_lettered"); n != 0 {
-		t.Errorf("%d events dead-lettered", n)
+		e.t.Errorf("%d events dead-lettered", n)
 	}
 	if restored := proc.sum("journal: applied again the entries the database had lost", "entries"); restored < lost {
-		t.Errorf("the service says it applied %d entries again, want at least the %d lost", restored, lost)
+		e.t.Errorf("the service says it applied %d entries again, want at least the %d lost", restored, lost)
 	}
 }
