@@ -177,23 +177,21 @@ func (l *Lane) restore(ctx context.Context, mark int64, found Found) (int, error
 	prev, applied := mark, 0
 	for _, e := range found.Entries {
 		last := max(prev, e.Seq)
-		if e.Dead {
-			if _, err := l.inner.ApplyMarked(ctx, nil, event.Mark{Queue: l.queue, Prev: prev, Last: last}); err != nil {
-				return applied, err
-			}
-			prev = last
-			continue
+		var evs []event.Event
+		if !e.Dead {
+			evs = []event.Event{e.Event}
 		}
-		outs, err := l.inner.ApplyMarked(ctx, []event.Event{e.Event}, event.Mark{Queue: l.queue, Prev: prev, Last: last})
+		outs, held, err := l.move(ctx, evs, prev, last)
 		var out error
 		switch {
-		case err == nil && len(outs) == 1:
+		case err == nil && outs == nil: // dead-lettered, or applied by another reader's restore
+		case err == nil:
 			out = outs[0].Err
-		case err != nil && event.CausedByMessage(event.ClassOf(ctx, err)):
+		case event.CausedByMessage(event.ClassOf(ctx, err)):
 			// It was applied once, so it should apply again; if the
 			// database refuses it now, move past it and say so.
 			out = err
-			if _, err := l.inner.ApplyMarked(ctx, nil, event.Mark{Queue: l.queue, Prev: prev, Last: last}); err != nil {
+			if _, held, err = l.move(ctx, nil, prev, last); err != nil {
 				return applied, err
 			}
 		default:
@@ -203,13 +201,17 @@ func (l *Lane) restore(ctx context.Context, mark int64, found Found) (int, error
 			l.log.Error("journal: an entry the service had applied and acked was refused when applied again; it stays in the journal",
 				"queue", l.queue, "seq", e.Seq, "event_id", e.Event.ID, "err", out)
 		}
-		prev, applied = last, applied+1
+		if outs != nil || out != nil {
+			applied++
+		}
+		prev = held
 	}
 	if found.Tail > prev {
-		if _, err := l.inner.ApplyMarked(ctx, nil, event.Mark{Queue: l.queue, Prev: prev, Last: found.Tail}); err != nil {
+		_, held, err := l.move(ctx, nil, prev, found.Tail)
+		if err != nil {
 			return applied, err
 		}
-		prev = found.Tail
+		prev = held
 	}
 	l.prev, l.synced = prev, true
 	if applied > 0 {
@@ -220,6 +222,28 @@ func (l *Lane) restore(ctx context.Context, mark int64, found Found) (int, error
 		}
 	}
 	return applied, nil
+}
+
+// move applies evs (none: moves the mark alone) with the mark from prev to
+// last, and returns the mark the database then holds. When another
+// reader's restore of the queue (a replica, the recover command) has moved
+// the mark to last or past it, that reader applied these entries: move
+// returns no outcomes and no error, and the mark it found, so that the two
+// restores go on together instead of each starting again.
+func (l *Lane) move(ctx context.Context, evs []event.Event, prev, last int64) ([]event.Outcome, int64, error) {
+	outs, err := l.inner.ApplyMarked(ctx, evs, event.Mark{Queue: l.queue, Prev: prev, Last: last})
+	if errors.Is(err, event.ErrJournalGap) {
+		if held, _, merr := l.inner.Marked(ctx, l.queue); merr == nil && held >= last {
+			return nil, held, nil
+		}
+	}
+	if err != nil {
+		return nil, prev, err
+	}
+	if len(evs) == 0 {
+		outs = nil
+	}
+	return outs, last, nil
 }
 
 // Mark is the queue's last sequence the lane knows the database holds.

@@ -28,6 +28,7 @@ type database struct {
 	refuse  map[string]error
 	conflic map[string]bool // answered as a producer conflict, committed
 	down    error
+	before  func() // runs once, at the next ApplyMarked
 }
 
 type commit struct {
@@ -59,6 +60,10 @@ func (l modelLane) Marked(context.Context, string) (int64, time.Time, error) {
 
 func (l modelLane) ApplyMarked(_ context.Context, evs []event.Event, m event.Mark) ([]event.Outcome, error) {
 	d := l.db
+	if f := d.before; f != nil {
+		d.before = nil
+		f()
+	}
 	if d.down != nil {
 		return nil, event.Transient(d.down)
 	}
@@ -358,5 +363,35 @@ func TestEntriesComeBackAsTheyWent(t *testing.T) {
 	}
 	if len(msgs) < 2 || n != len(big) {
 		t.Errorf("%d entries in %d messages, want %d in several", n, len(msgs), len(big))
+	}
+}
+
+// Two restores of one queue at once (a replica's and the recover command,
+// seen in CI beside the service): the one whose mark the other moved goes
+// on from where the other got to, rather than failing or starting again,
+// and every lost event is applied once, in order.
+func TestTwoRestoresOfOneQueueGoOnTogether(t *testing.T) {
+	db, s := &database{}, &stream{}
+	applyAll(t, newLane(db, s), events(10), 1)
+	db.lose(7)
+	a, b := newLane(db, s), newLane(db, s)
+	db.before = func() {
+		if _, err := b.Recover(t.Context()); err != nil {
+			t.Errorf("the other restore: %v", err)
+		}
+	}
+	reads := s.reads
+	if _, err := a.Recover(t.Context()); err != nil {
+		t.Fatalf("the restore the other overtook: %v", err)
+	}
+	if s.reads != reads+2 {
+		t.Errorf("%d reads of the stream, want one each: none started again", s.reads-reads)
+	}
+	want := make([]string, 10)
+	for i, ev := range events(10) {
+		want[i] = ev.ID
+	}
+	if !slices.Equal(db.applied, want) || db.mark != 10 || a.Mark() != 10 {
+		t.Errorf("applied %v, mark %d (lane %d); want each once, in order, mark 10", db.applied, db.mark, a.Mark())
 	}
 }
