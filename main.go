@@ -108,8 +108,20 @@ func serve(ctx context.Context, cfg config.Config, migrations fs.FS, stderr io.W
 	// events otherwise, adr/0001); REQUIRE_SYNC_STANDBY waits for one.
 	replication := db.NewReplicationWatch(cfg.RequireSync, log)
 	h.Replication(replication)
+	// With the journal, every new database connection (a reconnect, after
+	// a failover or a restore) has each queue's mark compared with the
+	// journal's, idle queues' too (adr/0014).
+	var jr *journal.Journal
+	if cfg.JournalStream != "" {
+		jr = journal.New(cfg.Journal())
+		defer jr.Close()
+	}
 	database, err := db.OpenWhenReady(ctx, cfg.Database, cfg.Migrate, cfg.PoolSize(), cfg.Reconnect(), log,
-		func(err error) { h.Starting("%v", err) }, db.WatchReplication(replication))
+		func(err error) { h.Starting("%v", err) }, db.WatchReplication(replication), db.OnConnect(func() {
+			if jr != nil {
+				jr.Kick()
+			}
+		}))
 	if err != nil {
 		return nil // ctx ended: stopped while waiting
 	}
@@ -145,9 +157,9 @@ func serve(ctx context.Context, cfg config.Config, migrations fs.FS, stderr io.W
 	ccfg.ObserveRetry = m.Retried
 	ccfg.ObserveBatch = m.Batch
 	ccfg.Tracer = tracer
-	if cfg.JournalStream != "" {
-		jr := journal.New(cfg.Journal())
-		defer jr.Close()
+	if jr != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); jr.Watch(jobs, journal.CheckEvery, log) }()
 		ccfg.Journal = func(queue string, l event.Lane) event.Lane {
 			jl := jr.Wrap(queue, l.(event.MarkedLane), log) // the database's lanes are
 			jl.Restored = m.Restored

@@ -299,15 +299,6 @@ func (s *Service) openWorker(conn *amqp.Connection, letters *letters, i int, wor
 	if lanes, ok := s.app.(Lanes); ok {
 		w.lane = s.lane(lanes, queue)
 	}
-	// With the journal, what the database lost of this queue is applied
-	// again before the queue is consumed. A failure here is retried by
-	// the lane before its first event, which then waits in hand.
-	if r, ok := w.lane.(recoverer); ok {
-		if _, err := r.Recover(work); err != nil {
-			s.log.Warn("journal: the queue's entries could not be compared with the database before consuming; "+
-				"its first event waits until they are", "queue", queue, "err", err)
-		}
-	}
 	// Prefetch BatchMax (1 unless batches are on) per consumer: what the
 	// broker gave us is the batch in hand at most, so order holds and a
 	// crash returns one batch.
@@ -317,11 +308,6 @@ func (s *Service) openWorker(conn *amqp.Connection, letters *letters, i int, wor
 	}
 	w.core = newCore(s.coreConfig(w.lane, w.parker != nil))
 	return w, nil
-}
-
-// recoverer is a lane with the journal (the journal package's Lane).
-type recoverer interface {
-	Recover(ctx context.Context) (int, error)
 }
 
 // lane returns a new lane of lanes for queue's worker, with the journal

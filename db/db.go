@@ -38,6 +38,10 @@ type Option func(*connector)
 // refuses.
 func WatchReplication(w *ReplicationWatch) Option { return func(c *connector) { c.watch = w } }
 
+// OnConnect has f called after each new connection is made, so at start
+// and at every reconnect, a failover's included. f must not block.
+func OnConnect(f func()) Option { return func(c *connector) { c.connected = append(c.connected, f) } }
+
 // OpenFrom is Open with the URL asked of src for each new connection. The
 // URL may be either of libpq's forms, with one host or several (ParseDSN).
 func OpenFrom(ctx context.Context, src Source, maxConns int, opts ...Option) (*sqlx.DB, error) {
@@ -63,6 +67,8 @@ type connector struct {
 	src   Source
 	watch *ReplicationWatch // nil: none
 	dial  pq.Dialer         // nil: sockets (tests count what goes through theirs)
+	// connected are called after each new connection (OnConnect).
+	connected []func()
 }
 
 func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
@@ -90,6 +96,9 @@ func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 	if err := c.watch.readOnConnect(ctx, dc); err != nil {
 		dc.Close()
 		return nil, err
+	}
+	for _, f := range c.connected {
+		f()
 	}
 	return &conn{pc: dc, watch: c.watch}, nil
 }

@@ -18,10 +18,11 @@ import (
 // With the journal on (JOURNAL_STREAM), the loss
 // TestFailoverToAnAsynchronousStandbyLosesAckedEvents shows does not
 // happen: the standby is held behind while the service applies and acks
-// events, the primary crashes and the standby is promoted. The service's
-// next transaction on each queue finds the database without the journal
-// mark it went on from, reads the queue's entries the database lacks from
-// the journal, applies them again in order, and goes on: every event is
+// events, the primary crashes and the standby is promoted. With no event
+// published meanwhile, the service, at its reconnect to the new primary,
+// compares each queue's journal mark with the database's, reads the
+// entries the database lacks from the journal, applies them again in
+// order, and goes on once events come again: every event is
 // applied exactly once, balances are right, each account's events are
 // applied in their order, nothing is dead-lettered, at BATCH_MAX 1 and 50.
 func TestFailoverToAnAsynchronousStandbyWithTheJournalLosesNothing(t *testing.T) {
@@ -63,6 +64,11 @@ func TestFailoverToAnAsynchronousStandbyWithTheJournalLosesNothing(t *testing.T)
 			if lost == 0 {
 				t.Fatalf("no acked event is missing on the new primary: the test held nothing back")
 			}
+			// No event comes until the lost ones are back: the service
+			// finds them when it reconnects, not at a queue's next event.
+			waitFor(t, 120*time.Second, "the lost events applied again before any new event", func() bool {
+				return e.inboxCount() == len(before)+len(after)
+			})
 
 			more := transfers(e, 100, 8)
 			for _, tr := range more {
@@ -229,6 +235,11 @@ func TestAPointInTimeRestoreWithTheJournalLosesNothing(t *testing.T) {
 	}
 
 	proc = startProcess(t, e.serviceEnv(2, append(env, "DATABASE_URL="+failoverURL(false, e.name, restored))...))
+	// No event comes until the lost ones are back: the service restores
+	// them when it starts, not at a queue's next event.
+	waitFor(t, 120*time.Second, "the lost events applied again before any new event", func() bool {
+		return e.inboxCount() == len(before)+len(load)
+	})
 	more := transfers(e, 100, 8)
 	if err := e.publishPipelined(more, &published); err != nil {
 		t.Fatal(err)

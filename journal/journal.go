@@ -104,6 +104,12 @@ type Journal struct {
 	mu   sync.Mutex
 	conn *amqp.Connection
 	ch   *amqp.Channel // in confirm mode; nil until opened, and after a failure
+
+	// The watch's (watch.go): the lanes open, and its kick.
+	lanesMu  sync.Mutex
+	lanes    map[*Lane]struct{}
+	kickOnce sync.Once
+	kick     chan struct{}
 }
 
 // New returns a journal over cfg; it connects when first used.

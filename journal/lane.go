@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"transferconsumer/event"
@@ -16,18 +17,30 @@ import (
 // (applied, or duplicates) before Apply returns, so before the ack. Before
 // its first attempt, and again whenever the database does not hold the
 // mark it went on from (event.ErrJournalGap), it applies the queue's
-// entries the database lacks, in the journal's order (Recover). It
-// implements the consumer's BatchLane.
+// entries the database lacks, in the journal's order (Recover); while the
+// queue is idle, the journal's watch does the same (Check). It implements
+// the consumer's BatchLane.
 type Lane struct {
-	j     store
-	queue string
-	inner event.MarkedLane
-	log   *slog.Logger
+	j       store
+	queue   string
+	inner   event.MarkedLane
+	log     *slog.Logger
+	onClose func()
 	// Restored, when set, counts entries applied again from the journal.
 	Restored func(queue string, n int)
 
+	// mu makes the worker's applies, the watch's checks and the restores
+	// they run take turns: a restore is over before the next event is
+	// applied, so each account's order holds.
+	mu     sync.Mutex
 	prev   int64 // the queue's last sequence, as the database holds it once synced
 	synced bool
+	// seen is the mark the last Check saw while the lane was not synced
+	// (checked says there was one): a mark that moves meanwhile is moved
+	// by another reader, who consumes the queue.
+	seen    int64
+	checked bool
+	closed  bool
 	// short is the last Recover's *ShortError: while the database's mark
 	// stays where it was, the retries of the waiting queue answer it again
 	// without reading the stream from its start each time.
@@ -40,9 +53,12 @@ type store interface {
 	Read(ctx context.Context, queue string, after int64, since time.Time) (Found, error)
 }
 
-// Wrap returns inner with the journal, for queue's worker.
+// Wrap returns inner with the journal, for queue's worker. The journal's
+// watch checks the lane until it is closed, the first time at once.
 func (j *Journal) Wrap(queue string, inner event.MarkedLane, log *slog.Logger) *Lane {
-	return &Lane{j: j, queue: queue, inner: inner, log: log}
+	l := &Lane{j: j, queue: queue, inner: inner, log: log}
+	j.watch(l)
+	return l
 }
 
 // Apply applies ev, as the inner lane would, and journals it.
@@ -64,9 +80,11 @@ func (l *Lane) Apply(ctx context.Context, ev event.Event) (event.Result, error) 
 // transaction on it, which fails with event.ErrJournalGap: the lane then
 // reads the journal again and applies what is missing first.
 func (l *Lane) ApplyBatch(ctx context.Context, evs []event.Event) ([]event.Outcome, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	for again := true; ; again = false {
 		if !l.synced {
-			if _, err := l.Recover(ctx); err != nil {
+			if _, err := l.recoverAgain(ctx); err != nil {
 				return nil, event.Transient(err)
 			}
 		}
@@ -134,6 +152,12 @@ func (e *ShortError) Error() string {
 // command) moves the mark under it: it then starts again from the mark
 // the database holds, a few times.
 func (l *Lane) Recover(ctx context.Context) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.recoverAgain(ctx)
+}
+
+func (l *Lane) recoverAgain(ctx context.Context) (int, error) {
 	for try := 1; ; try++ {
 		n, err := l.recover(ctx)
 		if !errors.Is(err, event.ErrJournalGap) || try == 5 {
@@ -168,6 +192,8 @@ func (l *Lane) recover(ctx context.Context) (int, error) {
 // AcceptLoss moves the queue's mark past what a *ShortError says the
 // journal cannot restore, so that Recover restores the rest.
 func (l *Lane) AcceptLoss(ctx context.Context, short *ShortError) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	_, err := l.inner.ApplyMarked(ctx, nil, event.Mark{Queue: l.queue, Prev: short.Mark, Last: short.First - 1})
 	return err
 }
@@ -213,7 +239,7 @@ func (l *Lane) restore(ctx context.Context, mark int64, found Found) (int, error
 		}
 		prev = held
 	}
-	l.prev, l.synced = prev, true
+	l.prev, l.synced, l.checked = prev, true, false
 	if applied > 0 {
 		l.log.Warn("journal: applied again the entries the database had lost", "queue", l.queue, "entries", applied,
 			"from_seq", mark+1, "to_seq", prev)
@@ -246,8 +272,65 @@ func (l *Lane) move(ctx context.Context, evs []event.Event, prev, last int64) ([
 	return outs, last, nil
 }
 
-// Mark is the queue's last sequence the lane knows the database holds.
-func (l *Lane) Mark() int64 { return l.prev }
+// Check compares the database's mark with the lane's, as the journal's
+// watch does for every lane while its worker waits for events, so that
+// what a database lost (a failover, a restore) is applied again without
+// waiting for the queue's next event. It restores (Recover) when the
+// database holds less than the lane went on from, or when the lane is not
+// synced (a restore that failed, or a lane not used yet) and the mark
+// stands still. A mark that moves past the lane's is moved by another
+// reader (a replica consuming the queue, the recover command): the lane
+// is then no longer synced, and reads the journal before it applies
+// again, in case the database loses what the other reader had moved.
+func (l *Lane) Check(ctx context.Context) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return 0, nil
+	}
+	mark, _, err := l.inner.Marked(ctx, l.queue)
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case l.synced && mark == l.prev:
+		return 0, nil
+	case l.synced && mark > l.prev, !l.synced && l.checked && mark > l.seen:
+		l.synced, l.seen, l.checked = false, mark, true
+		return 0, nil
+	}
+	n, err := l.recoverAgain(ctx)
+	if err != nil {
+		l.seen, l.checked = mark, true
+	}
+	return n, err
+}
 
-// Close closes the inner lane.
-func (l *Lane) Close() { l.inner.Close() }
+// Renew replaces the inner lane, closing the old one (after a panic,
+// which may have left it inside a transaction), and keeps what the lane
+// knows of the mark: if the panic came after a commit, the next
+// transaction finds the mark moved (event.ErrJournalGap) and syncs.
+func (l *Lane) Renew(inner event.Lane) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.inner.Close()
+	l.inner = inner.(event.MarkedLane)
+}
+
+// Mark is the queue's last sequence the lane knows the database holds.
+func (l *Lane) Mark() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.prev
+}
+
+// Close closes the inner lane; the journal's watch forgets the lane.
+func (l *Lane) Close() {
+	if l.onClose != nil {
+		l.onClose()
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+	l.inner.Close()
+}

@@ -395,3 +395,83 @@ func TestTwoRestoresOfOneQueueGoOnTogether(t *testing.T) {
 		t.Errorf("applied %v, mark %d (lane %d); want each once, in order, mark 10", db.applied, db.mark, a.Mark())
 	}
 }
+
+// A queue with no traffic is restored by the watch: kicked (as a new
+// database connection kicks it), it checks every lane, and the lane whose
+// database lost commits applies them again from the journal without an
+// event of its own. A lane whose database holds its mark is checked
+// without reading the stream.
+func TestTheWatchRestoresAnIdleQueue(t *testing.T) {
+	db, s := &database{}, &stream{}
+	l := newLane(db, s)
+	evs := events(9)
+	applyAll(t, l, evs, 2)
+	db.lose(2)
+	restored := make(chan int, 1)
+	l.Restored = func(_ string, n int) { restored <- n }
+	j := &Journal{}
+	j.watch(l)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); j.Watch(ctx, time.Hour, l.log) }()
+	select {
+	case n := <-restored:
+		if n != 3 {
+			t.Errorf("restored %d entries, want 3", n)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the watch restored nothing")
+	}
+	cancel()
+	<-done
+	want := make([]string, len(evs))
+	for i, ev := range evs {
+		want[i] = ev.ID
+	}
+	if !slices.Equal(db.applied, want) || db.mark != 9 {
+		t.Fatalf("applied %v (mark %d), want %v (mark 9)", db.applied, db.mark, want)
+	}
+	reads := s.reads
+	if _, err := l.Check(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if s.reads != reads {
+		t.Errorf("a check of a lane whose database holds its mark read the stream")
+	}
+	l.Close()
+	if len(j.lanes) != 0 {
+		t.Errorf("a closed lane is still watched")
+	}
+}
+
+// Two replicas: a (its consumer inactive) and b, which consumes the queue
+// and moves the mark. a's checks see the mark move and read nothing
+// meanwhile; the database then loses all that b applied, back to the very
+// mark a went on from, and b is gone: a, consuming now, reads the
+// journal before it applies and restores b's events first.
+func TestALaneWhoseMarkAnotherMovedReadsTheJournalBeforeItApplies(t *testing.T) {
+	db, s := &database{}, &stream{}
+	a, b := newLane(db, s), newLane(db, s)
+	if _, err := a.Check(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	evs := events(7)
+	for i := range 6 {
+		applyAll(t, b, evs[i:i+1], 1)
+		if _, err := a.Check(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s.reads != 2 {
+		t.Fatalf("%d reads, want 2 (each lane's first): a read the stream while b moved the mark", s.reads)
+	}
+	db.lose(6)
+	applyAll(t, a, evs[6:], 1)
+	want := make([]string, len(evs))
+	for i, ev := range evs {
+		want[i] = ev.ID
+	}
+	if !slices.Equal(db.applied, want) || db.mark != 7 {
+		t.Fatalf("applied %v (mark %d), want %v (mark 7)", db.applied, db.mark, want)
+	}
+}

@@ -1,0 +1,83 @@
+package journal
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// CheckEvery is how often the watch checks every lane when nothing kicks
+// it: a database reached through a pooler that reconnects on its own (a
+// failover behind PgBouncer) shows no new connection to the service.
+const CheckEvery = 30 * time.Second
+
+// checkFor bounds one lane's check, its restore included, so that a
+// stream that does not answer holds the watch (and the lane) only so
+// long; a restore cut short keeps what it applied, and the next check or
+// the queue's next event goes on from there.
+const checkFor = 2 * time.Minute
+
+// watch adds l to the lanes the watch checks, kicks the watch, and has
+// l's Close take it out.
+func (j *Journal) watch(l *Lane) {
+	j.lanesMu.Lock()
+	if j.lanes == nil {
+		j.lanes = map[*Lane]struct{}{}
+	}
+	j.lanes[l] = struct{}{}
+	j.lanesMu.Unlock()
+	l.onClose = func() {
+		j.lanesMu.Lock()
+		delete(j.lanes, l)
+		j.lanesMu.Unlock()
+	}
+	j.Kick()
+}
+
+// Kick has the watch check every lane now: the service kicks it at each
+// new database connection, so after every reconnect (a failover, a
+// restore), and each new lane does.
+func (j *Journal) Kick() {
+	select {
+	case j.kicked() <- struct{}{}:
+	default:
+	}
+}
+
+func (j *Journal) kicked() chan struct{} {
+	j.kickOnce.Do(func() { j.kick = make(chan struct{}, 1) })
+	return j.kick
+}
+
+// Watch checks every lane (Lane.Check) when kicked and every every, until
+// ctx ends: a queue without traffic whose database lost what it had
+// applied (a failover to a standby that was behind, a point-in-time
+// restore) is restored from the journal without waiting for its next
+// event. Its failures are logged; the lanes' own applies retry them.
+func (j *Journal) Watch(ctx context.Context, every time.Duration, log *slog.Logger) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-j.kicked():
+		}
+		j.lanesMu.Lock()
+		lanes := make([]*Lane, 0, len(j.lanes))
+		for l := range j.lanes {
+			lanes = append(lanes, l)
+		}
+		j.lanesMu.Unlock()
+		for _, l := range lanes {
+			check, cancel := context.WithTimeout(ctx, checkFor)
+			_, err := l.Check(check)
+			cancel()
+			if err != nil && ctx.Err() == nil {
+				log.Warn("journal: could not compare the queue's journal with the database; its next event, or the next check, tries again",
+					"queue", l.queue, "err", err)
+			}
+		}
+	}
+}
