@@ -119,13 +119,25 @@ func (w *worker) panicked(eventID string, p any) error {
 	return event.Panicked(fmt.Errorf("panic: %v", p))
 }
 
-// renewLane replaces the worker's lane after a panic.
+// renewLane replaces the worker's lane after a panic. A lane that wraps
+// another (the journal's) replaces only what it wraps, and keeps what it
+// knows.
 func (w *worker) renewLane() {
 	if w.lane == nil {
 		return
 	}
+	lanes := w.svc.app.(Lanes)
+	if r, ok := w.lane.(renewer); ok {
+		r.Renew(lanes.Lane(w.svc.cfg.ApplyTimeout))
+		return
+	}
 	w.lane.Close()
-	w.lane = w.svc.lane(w.svc.app.(Lanes), w.queue)
+	w.lane = w.svc.lane(lanes, w.queue)
+}
+
+// renewer is a lane that wraps another (the journal package's Lane).
+type renewer interface {
+	Renew(inner event.Lane)
 }
 
 func (w *worker) close() {
