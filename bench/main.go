@@ -66,6 +66,7 @@ func main() {
 	profiles := flag.String("cpuprofile", "", "write CPU profiles of every subject into this directory (slows them: not for the table)")
 	report := flag.String("report", "", "print the table and write the plot of an earlier run's results (its -out file), measuring nothing")
 	reconcileRows := flag.Int("reconcile", 0, "instead, load this many transfers of history and time reconcile on it, idle and while the service drains -events at the first of -queues (reconcile.go)")
+	restore := flag.Bool("restore", false, "instead, have the service drain -events with the journal on at the first of -queues, then take them all back from the database and time `recover` applying them again, -rounds times (restore.go); with -baseline, that build too")
 	phase := flag.Duration("phase", 15*time.Second, "with -reconcile: how long the service's rate is measured before, during and after the passes")
 	flag.Parse()
 	if *report != "" {
@@ -101,6 +102,17 @@ func main() {
 			*out = "bench-reconcile.json"
 		}
 		if err := h.runReconcileMeasure(*reconcileRows, qs[0], *phase, *out); err != nil {
+			h.close()
+			fail(err)
+		}
+		return
+	}
+	if *restore {
+		defer h.close()
+		if *out == "bench-results.json" {
+			*out = "bench-restore.json"
+		}
+		if err := h.runRestoreMeasure(qs[0], *rounds, *out); err != nil {
 			h.close()
 			fail(err)
 		}

@@ -120,8 +120,7 @@ func TestAGapOlderThanTheJournalIsReportedAndItsQueueWaits(t *testing.T) {
 	proc = startProcess(t, env)
 	const short = "cannot be restored whole"
 	waitFor(t, 60*time.Second, "the service to say the journal does not reach back", func() bool {
-		return strings.Contains(proc.field("journal: the queue's entries could not be compared with the database before consuming; "+
-			"its first event waits until they are", "err"), short)
+		return strings.Contains(proc.field(journalCheckFailed, "err"), short)
 	})
 	held := e.publishMany(1, 4)
 	waitFor(t, 60*time.Second, "the queue blocked on the event in hand, for that reason", func() bool {
@@ -246,6 +245,10 @@ func TestAPointInTimeRestoreWithTheJournalLosesNothing(t *testing.T) {
 	}
 	e.checkRestored(proc, append(append(before, load...), more...), lost)
 }
+
+// journalCheckFailed is what the service logs when it could not compare a
+// queue's journal with the database, or the journal does not reach back.
+const journalCheckFailed = "journal: could not compare the queue's journal with the database; its next event, or the next check, tries again"
 
 // missing counts the events of evs the database lacks.
 func (e *env) missing(evs []transfer) int {

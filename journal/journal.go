@@ -278,7 +278,9 @@ func (j *Journal) fail(ch *amqp.Channel) {
 
 // Found is what a Read found of a queue's entries.
 type Found struct {
-	Entries []Entry // those above after, in the stream's order
+	// Entries are those above after, in the stream's order: in a page,
+	// those of the page.
+	Entries []Entry
 	// First is the sequence of the queue's first entry the read saw (0
 	// for none), Tail the highest (after, if none is higher).
 	First, Tail int64
@@ -288,11 +290,14 @@ type Found struct {
 	Head      time.Time
 }
 
-// Read reads queue's entries above after. It starts Skew before since,
-// or at the stream's first entry when since is zero, and reads up to a
-// fence it appends first, so it sees every entry confirmed before it was
-// called.
-func (j *Journal) Read(ctx context.Context, queue string, after int64, since time.Time) (Found, error) {
+// Read reads queue's entries above after, and hands them to page as they
+// come, up to pageSize at a time, in the stream's order; each page's
+// Found also says what the read has seen so far (First, FromStart, Head).
+// An error of page ends the read. It starts Skew before since, or at the
+// stream's first entry when since is zero, and reads up to a fence it
+// appends first, so it sees every entry confirmed before it was called.
+// The Found it returns has the read's First and Tail, and no entries.
+func (j *Journal) Read(ctx context.Context, queue string, after int64, since time.Time, page func(Found) error) (Found, error) {
 	f := Found{Tail: after, FromStart: since.IsZero()}
 	ch, err := j.channel()
 	if err != nil {
@@ -326,7 +331,7 @@ func (j *Journal) Read(ctx context.Context, queue string, after int64, since tim
 		return f, fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
 	}
 	defer rc.Close()
-	if err := rc.Qos(1000, 0, false); err != nil {
+	if err := rc.Qos(readPrefetch, 0, false); err != nil {
 		return f, fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
 	}
 	var offset any = "first"
@@ -353,6 +358,12 @@ func (j *Journal) Read(ctx context.Context, queue string, after int64, since tim
 			f.Head = d.Timestamp
 		}
 		if fid, _ := d.Headers[hFence].(string); fid == id {
+			if len(f.Entries) > 0 {
+				if err := page(f); err != nil {
+					return f, err
+				}
+				f.Entries = nil
+			}
 			return f, nil
 		}
 		if q, _ := d.Headers[hQueue].(string); q != queue {
@@ -371,8 +382,23 @@ func (j *Journal) Read(ctx context.Context, queue string, after int64, since tim
 				f.Entries = append(f.Entries, e)
 			}
 		}
+		if len(f.Entries) >= pageSize {
+			if err := page(f); err != nil {
+				return f, err
+			}
+			f.Entries = nil
+		}
 	}
 }
+
+// pageSize is about how many entries a Read hands over at a time, and
+// readPrefetch how many of the stream's messages (a transaction's entries
+// each, up to maxMessage bytes) it lets the broker send ahead: together,
+// what a restore holds in memory, whatever the size of the gap.
+const (
+	pageSize     = 1000
+	readPrefetch = 100
+)
 
 // decode decodes a journal message's entries of queue, each event with
 // the message it was first delivered in.

@@ -50,7 +50,7 @@ type Lane struct {
 // store is where a Lane's entries go and come from: the Journal.
 type store interface {
 	Append(ctx context.Context, entries []Entry) error
-	Read(ctx context.Context, queue string, after int64, since time.Time) (Found, error)
+	Read(ctx context.Context, queue string, after int64, since time.Time, page func(Found) error) (Found, error)
 }
 
 // Wrap returns inner with the journal, for queue's worker. The journal's
@@ -175,18 +175,28 @@ func (l *Lane) recover(ctx context.Context) (int, error) {
 		return 0, l.short
 	}
 	l.short = nil
-	found, err := l.j.Read(ctx, l.queue, mark, at)
-	if err == nil && found.First > mark+1 && !found.FromStart {
-		found, err = l.j.Read(ctx, l.queue, mark, time.Time{})
+	r := &restoring{ctx: ctx, l: l, mark: mark, at: at, prev: mark}
+	found, err := l.j.Read(ctx, l.queue, mark, at, r.page)
+	if errors.Is(err, errFromStart) {
+		found, err = l.j.Read(ctx, l.queue, mark, time.Time{}, r.page)
+	}
+	if err == nil && !r.started {
+		err = r.judge(found)
 	}
 	if err != nil {
-		return 0, err
+		return r.applied, err
 	}
-	if found.First > mark+1 && found.Head.After(at) {
-		l.short = &ShortError{Queue: l.queue, Mark: mark, First: found.First, Since: at, Head: found.Head}
-		return 0, l.short
+	if found.Tail > r.prev {
+		if _, r.prev, err = l.move(ctx, nil, r.prev, found.Tail); err != nil {
+			return r.applied, err
+		}
 	}
-	return l.restore(ctx, mark, found)
+	l.prev, l.synced, l.checked = r.prev, true, false
+	if r.applied > 0 {
+		l.log.Warn("journal: applied again the entries the database had lost", "queue", l.queue, "entries", r.applied,
+			"from_seq", mark+1, "to_seq", r.prev)
+	}
+	return r.applied, nil
 }
 
 // AcceptLoss moves the queue's mark past what a *ShortError says the
@@ -198,56 +208,133 @@ func (l *Lane) AcceptLoss(ctx context.Context, short *ShortError) error {
 	return err
 }
 
-// restore applies found's entries again, from mark.
-func (l *Lane) restore(ctx context.Context, mark int64, found Found) (int, error) {
-	prev, applied := mark, 0
-	for _, e := range found.Entries {
-		last := max(prev, e.Seq)
-		var evs []event.Event
-		if !e.Dead {
-			evs = []event.Event{e.Event}
+// errFromStart: the read began after the queue's first entry above the
+// mark; it is read again from the stream's start.
+var errFromStart = errors.New("journal: the read began past the mark")
+
+// restoreBatch is how many entries a restore applies in one transaction.
+const restoreBatch = 100
+
+// restoring is one restore of a queue from its mark: the pages of the
+// journal's read are applied as they come, so a gap of any size takes the
+// memory of a page.
+type restoring struct {
+	ctx      context.Context
+	l        *Lane
+	mark     int64     // the database's, when the restore began
+	at       time.Time // when it moved
+	prev     int64     // the mark the database holds now
+	started  bool      // the first page was judged
+	applied  int
+	reported int // applied, as last logged
+}
+
+// judge decides, on the read's first entries of the queue, whether they
+// reach back to the mark: errFromStart when the read may have begun too
+// late, a *ShortError when the journal itself begins too late.
+func (r *restoring) judge(f Found) error {
+	if f.First <= r.mark+1 {
+		return nil
+	}
+	if !f.FromStart {
+		return errFromStart
+	}
+	if f.Head.After(r.at) {
+		r.l.short = &ShortError{Queue: r.l.queue, Mark: r.mark, First: f.First, Since: r.at, Head: f.Head}
+		return r.l.short
+	}
+	return nil
+}
+
+// page applies one page of the read's entries, in runs of up to
+// restoreBatch events per transaction, after judging the first.
+func (r *restoring) page(f Found) error {
+	if !r.started {
+		if err := r.judge(f); err != nil {
+			return err
 		}
-		outs, held, err := l.move(ctx, evs, prev, last)
-		var out error
-		switch {
-		case err == nil && outs == nil: // dead-lettered, or applied by another reader's restore
-		case err == nil:
-			out = outs[0].Err
-		case event.CausedByMessage(event.ClassOf(ctx, err)):
-			// It was applied once, so it should apply again; if the
-			// database refuses it now, move past it and say so.
-			out = err
-			if _, held, err = l.move(ctx, nil, prev, last); err != nil {
-				return applied, err
+		r.started = true
+	}
+	for run := f.Entries; len(run) > 0; {
+		n := 1
+		if !run[0].Dead {
+			for n < len(run) && n < restoreBatch && !run[n].Dead {
+				n++
 			}
-		default:
-			return applied, fmt.Errorf("journal: apply entry %d of %s again: %w", e.Seq, l.queue, err)
 		}
-		if out != nil {
-			l.log.Error("journal: an entry the service had applied and acked was refused when applied again; it stays in the journal",
-				"queue", l.queue, "seq", e.Seq, "event_id", e.Event.ID, "err", out)
+		if err := r.apply(run[:n]); err != nil {
+			return err
 		}
-		if outs != nil || out != nil {
-			applied++
-		}
-		prev = held
+		run = run[n:]
 	}
-	if found.Tail > prev {
-		_, held, err := l.move(ctx, nil, prev, found.Tail)
-		if err != nil {
-			return applied, err
-		}
-		prev = held
+	if r.applied >= r.reported+progressEvery {
+		r.l.log.Info("journal: applying again the entries the database lost", "queue", r.l.queue,
+			"entries", r.applied, "to_seq", r.prev)
+		r.reported = r.applied
 	}
-	l.prev, l.synced, l.checked = prev, true, false
-	if applied > 0 {
-		l.log.Warn("journal: applied again the entries the database had lost", "queue", l.queue, "entries", applied,
-			"from_seq", mark+1, "to_seq", prev)
-		if l.Restored != nil {
-			l.Restored(l.queue, applied)
+	return nil
+}
+
+// progressEvery is how many entries applied again a restore logs at.
+const progressEvery = 10_000
+
+// apply applies entries again in one transaction (one dead-lettered
+// entry: moves the mark over it alone). When the database refuses the
+// transaction for one of its messages, it applies them one by one.
+func (r *restoring) apply(entries []Entry) error {
+	l, ctx := r.l, r.ctx
+	last := r.prev
+	var evs []event.Event
+	for _, e := range entries {
+		last = max(last, e.Seq)
+		if !e.Dead {
+			evs = append(evs, e.Event)
 		}
 	}
-	return applied, nil
+	outs, held, err := l.move(ctx, evs, r.prev, last)
+	if err != nil && len(entries) > 1 && event.CausedByMessage(event.ClassOf(ctx, err)) {
+		for i := range entries {
+			if err := r.apply(entries[i : i+1]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var refused error
+	switch {
+	case err == nil: // outs is nil when another reader's restore applied them
+	case event.CausedByMessage(event.ClassOf(ctx, err)):
+		// It was applied once, so it should apply again; if the database
+		// refuses it now, move past it and say so.
+		refused = err
+		if _, held, err = l.move(ctx, nil, r.prev, last); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("journal: apply entries %d to %d of %s again: %w", entries[0].Seq, last, l.queue, err)
+	}
+	n := len(outs)
+	for i, o := range outs {
+		if o.Err != nil {
+			l.refused(entries[i], o.Err) // entries with outcomes hold no dead one
+		}
+	}
+	if refused != nil {
+		l.refused(entries[0], refused)
+		n = len(evs)
+	}
+	r.prev = held
+	r.applied += n
+	if n > 0 && l.Restored != nil {
+		l.Restored(l.queue, n)
+	}
+	return nil
+}
+
+// refused logs an entry that the database refused when applied again.
+func (l *Lane) refused(e Entry, err error) {
+	l.log.Error("journal: an entry the service had applied and acked was refused when applied again; it stays in the journal",
+		"queue", l.queue, "seq", e.Seq, "event_id", e.Event.ID, "err", err)
 }
 
 // move applies evs (none: moves the mark alone) with the mark from prev to

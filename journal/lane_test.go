@@ -1,6 +1,7 @@
 package journal
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -29,6 +30,7 @@ type database struct {
 	conflic map[string]bool // answered as a producer conflict, committed
 	down    error
 	before  func() // runs once, at the next ApplyMarked
+	txs     int    // transactions that applied events
 }
 
 type commit struct {
@@ -77,6 +79,9 @@ func (l modelLane) ApplyMarked(_ context.Context, evs []event.Event, m event.Mar
 		}
 	}
 	d.commits = append(d.commits, commit{d.mark, d.at, len(d.applied)})
+	if len(evs) > 0 {
+		d.txs++
+	}
 	for i, ev := range evs {
 		switch {
 		case d.conflic[ev.ID]:
@@ -98,6 +103,8 @@ type stream struct {
 	head    time.Time // when its first entry was written
 	fail    error
 	reads   int
+	page    int    // entries per page; 2 when 0
+	atPage  func() // runs before each page is handed over
 }
 
 func (s *stream) Append(_ context.Context, entries []Entry) error {
@@ -111,8 +118,19 @@ func (s *stream) Append(_ context.Context, entries []Entry) error {
 	return nil
 }
 
-func (s *stream) Read(_ context.Context, queue string, after int64, since time.Time) (Found, error) {
+// Read hands over pages of two entries, unless told otherwise, so that
+// restores cross pages.
+func (s *stream) Read(_ context.Context, queue string, after int64, since time.Time, page func(Found) error) (Found, error) {
 	s.reads++
+	size := cmp.Or(s.page, 2)
+	page = func(page func(Found) error) func(Found) error {
+		return func(f Found) error {
+			if s.atPage != nil {
+				s.atPage()
+			}
+			return page(f)
+		}
+	}(page)
 	f := Found{Tail: after, FromStart: since.IsZero(), Head: s.head}
 	for _, e := range s.entries {
 		if e.Queue != queue {
@@ -125,6 +143,18 @@ func (s *stream) Read(_ context.Context, queue string, after int64, since time.T
 		if e.Seq > after {
 			f.Entries = append(f.Entries, e)
 		}
+		if len(f.Entries) == size {
+			if err := page(f); err != nil {
+				return f, err
+			}
+			f.Entries = nil
+		}
+	}
+	if len(f.Entries) > 0 {
+		if err := page(f); err != nil {
+			return f, err
+		}
+		f.Entries = nil
 	}
 	return f, nil
 }
@@ -407,20 +437,20 @@ func TestTheWatchRestoresAnIdleQueue(t *testing.T) {
 	evs := events(9)
 	applyAll(t, l, evs, 2)
 	db.lose(2)
-	restored := make(chan int, 1)
+	restored := make(chan int, 3)
 	l.Restored = func(_ string, n int) { restored <- n }
 	j := &Journal{}
 	j.watch(l)
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan struct{})
 	go func() { defer close(done); j.Watch(ctx, time.Hour, l.log) }()
-	select {
-	case n := <-restored:
-		if n != 3 {
-			t.Errorf("restored %d entries, want 3", n)
+	for n := 0; n < 3; {
+		select {
+		case m := <-restored:
+			n += m
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the watch restored %d entries, want 3", n)
 		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the watch restored nothing")
 	}
 	cancel()
 	<-done
@@ -473,5 +503,51 @@ func TestALaneWhoseMarkAnotherMovedReadsTheJournalBeforeItApplies(t *testing.T) 
 	}
 	if !slices.Equal(db.applied, want) || db.mark != 7 {
 		t.Fatalf("applied %v (mark %d), want %v (mark 7)", db.applied, db.mark, want)
+	}
+}
+
+// A restore applies the journal's entries in transactions of up to
+// restoreBatch events, and each page of the read before the next is
+// read, so a gap of any size holds one page in memory.
+func TestARestoreAppliesPageByPageInBatches(t *testing.T) {
+	db, s := &database{}, &stream{}
+	l := newLane(db, s)
+	evs := events(450)
+	applyAll(t, l, evs, 1)
+	db.lose(450)
+	s.page = 200
+	var marks []int64
+	s.atPage = func() { marks = append(marks, db.mark) }
+	txs := db.txs
+	if n, err := l.Check(t.Context()); err != nil || n != 450 {
+		t.Fatalf("restored %d (%v), want 450", n, err)
+	}
+	if got := db.txs - txs; got != 5 { // 100+100, 100+100, 50
+		t.Errorf("the restore took %d transactions, want 5 (pages of 200 in batches of %d)", got, restoreBatch)
+	}
+	if !slices.Equal(marks, []int64{0, 200, 400}) {
+		t.Errorf("the database's mark at each page was %v, want [0 200 400]: each page applied before the next is read", marks)
+	}
+	if len(db.applied) != 450 || db.applied[449] != "ev-449" || db.mark != 450 {
+		t.Errorf("applied %d events, last %s, mark %d", len(db.applied), db.applied[len(db.applied)-1], db.mark)
+	}
+}
+
+// An entry the database refuses when it is applied again (it was applied
+// and acked once) does not hold back the others of its batch: the batch
+// is applied one by one, the refused entry is passed over and logged, and
+// the rest are applied in order.
+func TestAnEntryRefusedOnRestoreDoesNotHoldItsBatch(t *testing.T) {
+	db, s := &database{}, &stream{page: 10}
+	l := newLane(db, s)
+	evs := events(5)
+	applyAll(t, l, evs, 1)
+	db.lose(5)
+	db.refuse = map[string]error{"ev-002": event.Transition(errors.New("no longer allowed"))}
+	if _, err := l.Check(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"ev-000", "ev-001", "ev-003", "ev-004"}; !slices.Equal(db.applied, want) || db.mark != 5 {
+		t.Errorf("applied %v (mark %d), want %v (mark 5)", db.applied, db.mark, want)
 	}
 }
