@@ -115,6 +115,11 @@ func TestAGapOlderThanTheJournalIsReportedAndItsQueueWaits(t *testing.T) {
 	if err := proc.stop(syscall.SIGTERM, 20*time.Second); err != nil {
 		t.Fatalf("exit after SIGTERM: %v", err)
 	}
+	// The stream's retention runs apart from its writes: wait until it has
+	// taken the entry after the mark the test sets.
+	waitFor(t, 60*time.Second, "the stream's retention to drop its first entries", func() bool {
+		return firstJournalEntry(t, ch, stream) > 51
+	})
 	e.db.MustExec(`UPDATE journal_mark SET seq = 50, at = now() - interval '1 hour' WHERE queue = $1`, prefix+".0")
 
 	proc = startProcess(t, env)
@@ -244,6 +249,29 @@ func TestAPointInTimeRestoreWithTheJournalLosesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.checkRestored(proc, append(append(before, load...), more...), lost)
+}
+
+// firstJournalEntry returns the sequence of the first entry the stream
+// holds, as its first message's header says, or 0 when it holds none.
+func firstJournalEntry(t *testing.T, ch *amqp.Channel, stream string) int64 {
+	t.Helper()
+	if err := ch.Qos(1, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	tag := "first-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	deliveries, err := ch.Consume(stream, tag, false, false, false, false, amqp.Table{"x-stream-offset": "first"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Cancel(tag, false)
+	select {
+	case d := <-deliveries:
+		_ = d.Ack(false)
+		first, _ := d.Headers["x-journal-first"].(int64)
+		return first
+	case <-time.After(5 * time.Second):
+		return 0
+	}
 }
 
 // journalCheckFailed is what the service logs when it could not compare a
