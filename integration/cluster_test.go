@@ -24,9 +24,19 @@ import (
 // loss however fast the service drained the first part. A stopped node is
 // started again in t.Cleanup too, so that a failed run leaves the cluster
 // whole for the next.
+//
+// It runs twice: without the journal, and with it (JOURNAL_STREAM), whose
+// stream has a replica on each node and loses its leader or the node its
+// connection is on in the rounds too. With the journal, every event
+// applied is also in the stream once the run is over.
 func TestClusterNodeLossLosesNothing(t *testing.T) {
 	parallel(t)
 	b, ctl := cluster(t)
+	t.Run("without the journal", func(t *testing.T) { nodeLoss(t, b, ctl, "") })
+	t.Run("with the journal", func(t *testing.T) { nodeLoss(t, b, ctl, prefix+".journal") })
+}
+
+func nodeLoss(t *testing.T, b backend, ctl clusterCtl, journal string) {
 	e := newEnvWith(t, b)
 	e.recordApplyOrder()
 	urls := e.nodeURLs()
@@ -38,7 +48,8 @@ func TestClusterNodeLossLosesNothing(t *testing.T) {
 		backend{managementURL: m}.mgmt(t, http.MethodGet, "/api/overview", nil, &o)
 		names[i] = o.Node
 	}
-	proc := startProcess(t, e.serviceEnv(8, "AMQP_URL="+strings.Join(urls, ","), "INSTANCE_NAME="+e.name))
+	proc := startProcess(t, e.serviceEnv(8, "AMQP_URL="+strings.Join(urls, ","), "INSTANCE_NAME="+e.name,
+		"JOURNAL_STREAM="+journal))
 	e.waitActive(8, func(int) string { return e.name })
 	leaders := e.leaders()
 	t.Logf("RabbitMQ %s cluster %v; queue leaders per node: %v", brokerVersion(t, b), names, countByNode(leaders))
@@ -119,6 +130,19 @@ func TestClusterNodeLossLosesNothing(t *testing.T) {
 	}
 	e.checkLifecycle(all)
 	e.checkAccountOrder(all)
+	if journal != "" {
+		journaled := e.journaled(urls[0], journal)
+		missing := 0
+		for _, tr := range all {
+			if e.inboxRows(tr.EventID) > 0 && !journaled[tr.EventID] {
+				missing++
+			}
+		}
+		if missing > 0 {
+			t.Errorf("%d applied events are not in the journal", missing)
+		}
+		t.Logf("the journal holds %d events", len(journaled))
+	}
 }
 
 // leaders returns each queue of the test's vhost with its leader's node.
@@ -131,7 +155,7 @@ func (e *env) leaders() map[string]string {
 	e.b.mgmt(e.t, http.MethodGet, "/api/queues/"+url.PathEscape(e.vhost)+"?columns=name,leader", nil, &queues)
 	out := map[string]string{}
 	for _, q := range queues {
-		if strings.HasPrefix(q.Name, prefix+".") && q.Name != prefix+".dlq" {
+		if strings.HasPrefix(q.Name, prefix+".") && q.Name != prefix+".dlq" && q.Name != prefix+".journal" {
 			out[q.Name] = q.Leader
 		}
 	}

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -308,5 +309,66 @@ func (e *env) checkRestored(proc *process, events []transfer, lost int) {
 	}
 	if restored := proc.sum("journal: applied again the entries the database had lost", "entries"); restored < lost {
 		e.t.Errorf("the service says it applied %d entries again, want at least the %d lost", restored, lost)
+	}
+}
+
+// journaled reads the whole journal stream through amqpURL, up to a fence
+// it appends, and returns the ids of the events its entries hold (those
+// not dead-lettered).
+func (e *env) journaled(amqpURL, stream string) map[string]bool {
+	e.t.Helper()
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	fence := "fence-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if err := ch.Confirm(false); err != nil {
+		e.t.Fatal(err)
+	}
+	c, err := ch.PublishWithDeferredConfirm("", stream, false, false, amqp.Publishing{Headers: amqp.Table{"x-journal-fence": fence}})
+	if err != nil || !c.Wait() {
+		e.t.Fatalf("journal fence: %v", err)
+	}
+	if err := ch.Qos(100, 0, false); err != nil {
+		e.t.Fatal(err)
+	}
+	deliveries, err := ch.Consume(stream, "", false, false, false, false, amqp.Table{"x-stream-offset": "first"})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out := map[string]bool{}
+	deadline := time.After(60 * time.Second)
+	for {
+		select {
+		case d := <-deliveries:
+			_ = d.Ack(false)
+			if f, _ := d.Headers["x-journal-fence"].(string); f == fence {
+				return out
+			}
+			if _, ok := d.Headers["x-journal-queue"]; !ok {
+				continue
+			}
+			var entries []struct {
+				Dead bool `json:"deadLettered"`
+				Body struct {
+					EventID string `json:"eventId"`
+				} `json:"body"`
+			}
+			if err := json.Unmarshal(d.Body, &entries); err != nil {
+				e.t.Fatalf("a journal message: %v", err)
+			}
+			for _, en := range entries {
+				if !en.Dead {
+					out[en.Body.EventID] = true
+				}
+			}
+		case <-deadline:
+			e.t.Fatalf("the journal's fence did not come back within a minute")
+		}
 	}
 }
