@@ -53,6 +53,9 @@ type result struct {
 	// The database server's WAL per event over the window, from
 	// pg_current_wal_lsn() at the first event and at the last.
 	WALPerEvent float64 `json:"wal_bytes_per_event,omitempty"`
+	// The service's events per transaction over its run, from its
+	// transferconsumer_batch_size histogram (the subjects that batch).
+	EventsPerTx float64 `json:"events_per_transaction,omitempty"`
 }
 
 type harness struct {
@@ -396,6 +399,9 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 		}
 	}
 	peakKiB = max(peakKiB, vmHWM(pid))
+	if strings.HasPrefix(subject, "batch") && !exitedEarly {
+		r.EventsPerTx = batchMean(h.profileAddr)
+	}
 	if sc != nil && !exitedEarly {
 		n, err := sc.stop()
 		if err != nil {
@@ -832,4 +838,32 @@ func callgrindTotal(pattern string, pid int) (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no instruction total in %s", files[len(files)-1])
+}
+
+// batchMean reads the mean of the transferconsumer_batch_size histogram
+// from the service's /metrics at addr, or 0.
+func batchMean(addr string) float64 {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	var sum, count float64
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) != 2 {
+			continue
+		}
+		switch f[0] {
+		case "transferconsumer_batch_size_sum":
+			sum, _ = strconv.ParseFloat(f[1], 64)
+		case "transferconsumer_batch_size_count":
+			count, _ = strconv.ParseFloat(f[1], 64)
+		}
+	}
+	if count == 0 {
+		return 0
+	}
+	return sum / count
 }

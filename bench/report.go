@@ -252,8 +252,12 @@ func printJournalRatios(w io.Writer, results []result) {
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprint(tw, "queues\t")
+	perTx := func(r result) float64 { return r.EventsPerTx }
 	for _, p := range pairs {
 		fmt.Fprintf(tw, "events/s %[1]s/%[2]s\tCPU per event %[1]s/%[2]s\tWAL per event %[1]s/%[2]s\t", p[0], p[1])
+		if p[1] == "batch" {
+			fmt.Fprintf(tw, "events per transaction %s, %s\t", p[0], p[1])
+		}
 	}
 	fmt.Fprintln(tw)
 	for _, q := range queueCounts(results) {
@@ -261,6 +265,11 @@ func printJournalRatios(w io.Writer, results []result) {
 		for _, p := range pairs {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t", medianRatio(results, p[0], p[1], q, rate),
 				medianRatio(results, p[0], p[1], q, cpuPerEvent), medianRatio(results, p[0], p[1], q, wal))
+			if p[1] == "batch" {
+				x, _ := median(results, p[0], q, perTx)
+				y, _ := median(results, p[1], q, perTx)
+				fmt.Fprintf(tw, "%.1f, %.1f\t", x, y)
+			}
 		}
 		fmt.Fprintln(tw)
 	}
