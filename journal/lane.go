@@ -369,13 +369,20 @@ func (l *Lane) move(ctx context.Context, evs []event.Event, prev, last int64) ([
 // reader (a replica consuming the queue, the recover command): the lane
 // is then no longer synced, and reads the journal before it applies
 // again, in case the database loses what the other reader had moved.
+//
+// A lane whose worker is applying is passed over: its transaction checks
+// the mark itself, and the worker never waits for the watch to read it.
 func (l *Lane) Check(ctx context.Context) (int, error) {
-	l.mu.Lock()
+	if !l.mu.TryLock() {
+		return 0, nil
+	}
 	defer l.mu.Unlock()
 	if l.closed {
 		return 0, nil
 	}
-	mark, _, err := l.inner.Marked(ctx, l.queue)
+	read, cancel := context.WithTimeout(ctx, markReadFor)
+	mark, _, err := l.inner.Marked(read, l.queue)
+	cancel()
 	if err != nil {
 		return 0, err
 	}
@@ -392,6 +399,11 @@ func (l *Lane) Check(ctx context.Context) (int, error) {
 	}
 	return n, err
 }
+
+// markReadFor bounds a check's read of the mark, so that a database that
+// does not answer (a partition) keeps an idle queue's worker waiting on the
+// check no longer than this when its next event comes.
+const markReadFor = 10 * time.Second
 
 // Renew replaces the inner lane, closing the old one (after a panic,
 // which may have left it inside a transaction), and keeps what the lane

@@ -551,3 +551,23 @@ func TestAnEntryRefusedOnRestoreDoesNotHoldItsBatch(t *testing.T) {
 		t.Errorf("applied %v (mark %d), want %v (mark 5)", db.applied, db.mark, want)
 	}
 }
+
+// The watch never holds up a worker that is applying: a check of a lane
+// in use passes it over, without reading the database or the stream.
+func TestACheckPassesOverALaneInUse(t *testing.T) {
+	db, s := &database{}, &stream{}
+	l := newLane(db, s)
+	applyAll(t, l, events(3), 1)
+	db.lose(1)
+	db.down = errors.New("must not be read")
+	l.mu.Lock()
+	n, err := l.Check(t.Context())
+	l.mu.Unlock()
+	if n != 0 || err != nil || s.reads != 1 {
+		t.Fatalf("a check of a lane in use returned %d, %v after %d reads; want it passed over", n, err, s.reads)
+	}
+	db.down = nil
+	if n, err := l.Check(t.Context()); n != 1 || err != nil {
+		t.Fatalf("the next check restored %d (%v), want 1", n, err)
+	}
+}
