@@ -105,9 +105,11 @@ type Journal struct {
 	conn *amqp.Connection
 	ch   *amqp.Channel // in confirm mode; nil until opened, and after a failure
 
-	// The watch's (watch.go): the lanes open, and its kick.
+	// The watch's (watch.go): the lanes open, the marks the last lane of
+	// each queue closed synced at, and its kick.
 	lanesMu  sync.Mutex
 	lanes    map[*Lane]struct{}
+	known    map[string]int64
 	kickOnce sync.Once
 	kick     chan struct{}
 }

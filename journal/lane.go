@@ -25,7 +25,7 @@ type Lane struct {
 	queue   string
 	inner   event.MarkedLane
 	log     *slog.Logger
-	onClose func()
+	onClose func(prev int64, synced bool)
 	// Restored, when set, counts entries applied again from the journal.
 	Restored func(queue string, n int)
 
@@ -423,13 +423,15 @@ func (l *Lane) Mark() int64 {
 	return l.prev
 }
 
-// Close closes the inner lane; the journal's watch forgets the lane.
+// Close closes the inner lane; the journal's watch forgets the lane, and
+// keeps its mark for the queue's next lane.
 func (l *Lane) Close() {
-	if l.onClose != nil {
-		l.onClose()
-	}
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	l.closed = true
 	l.inner.Close()
+	prev, synced := l.prev, l.synced
+	l.mu.Unlock()
+	if l.onClose != nil {
+		l.onClose(prev, synced)
+	}
 }

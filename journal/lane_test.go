@@ -571,3 +571,40 @@ func TestACheckPassesOverALaneInUse(t *testing.T) {
 		t.Fatalf("the next check restored %d (%v), want 1", n, err)
 	}
 }
+
+// A queue's next lane in the same process (after a broker reconnect) goes
+// on from the mark its last lane closed synced at, without reading the
+// stream; if the database lost commits meanwhile, its first transaction
+// finds the gap and restores it.
+func TestTheNextLaneOfAQueueGoesOnFromTheLast(t *testing.T) {
+	db, s := &database{}, &stream{}
+	j := &Journal{}
+	wrap := func() *Lane {
+		l := newLane(db, s)
+		j.watch(l)
+		return l
+	}
+	evs := events(9)
+	l := wrap()
+	applyAll(t, l, evs[:3], 1)
+	l.Close()
+	l = wrap()
+	applyAll(t, l, evs[3:6], 1)
+	if s.reads != 1 {
+		t.Fatalf("%d reads, want the first lane's alone", s.reads)
+	}
+	l.Close()
+	db.lose(2)
+	l = wrap()
+	applyAll(t, l, evs[6:], 1)
+	if s.reads != 2 {
+		t.Errorf("%d reads, want one more for the gap", s.reads)
+	}
+	want := make([]string, len(evs))
+	for i, ev := range evs {
+		want[i] = ev.ID
+	}
+	if !slices.Equal(db.applied, want) || db.mark != 9 {
+		t.Fatalf("applied %v (mark %d), want %v (mark 9)", db.applied, db.mark, want)
+	}
+}

@@ -19,17 +19,30 @@ const checkFor = 2 * time.Minute
 
 // watch adds l to the lanes the watch checks, kicks the watch, and has
 // l's Close take it out.
+//
+// A lane of a queue whose last lane this process closed synced (the
+// session before a broker reconnect) goes on from that lane's mark, as the
+// same lane would have: its first transaction, or the watch's first check,
+// finds whether the database still holds it, without reading the stream.
 func (j *Journal) watch(l *Lane) {
 	j.lanesMu.Lock()
 	if j.lanes == nil {
-		j.lanes = map[*Lane]struct{}{}
+		j.lanes, j.known = map[*Lane]struct{}{}, map[string]int64{}
 	}
 	j.lanes[l] = struct{}{}
+	if prev, ok := j.known[l.queue]; ok {
+		l.prev, l.synced = prev, true
+	}
 	j.lanesMu.Unlock()
-	l.onClose = func() {
+	l.onClose = func(prev int64, synced bool) {
 		j.lanesMu.Lock()
+		defer j.lanesMu.Unlock()
 		delete(j.lanes, l)
-		j.lanesMu.Unlock()
+		if synced {
+			j.known[l.queue] = prev
+		} else {
+			delete(j.known, l.queue)
+		}
 	}
 	j.Kick()
 }
