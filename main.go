@@ -157,7 +157,15 @@ func serve(ctx context.Context, cfg config.Config, migrations fs.FS, stderr io.W
 	ccfg.ObserveRetry = m.Retried
 	ccfg.ObserveBatch = m.Batch
 	ccfg.Tracer = tracer
+	inbox := db.NewInbox(database)
 	if jr != nil {
+		// Every queue is compared with the journal, and restored, in one
+		// read of the stream before any is consumed (adr/0014).
+		queues := make([]string, cfg.QueueCount)
+		for i := range queues {
+			queues[i] = cfg.Topology().Queue(i)
+		}
+		jr.Prime(ctx, queues, func() event.MarkedLane { return inbox.Lane(cfg.ApplyTimeout).(event.MarkedLane) }, log)
 		wg.Add(1)
 		go func() { defer wg.Done(); jr.Watch(jobs, journal.CheckEvery, log) }()
 		ccfg.Journal = func(queue string, l event.Lane) event.Lane {
@@ -166,7 +174,7 @@ func serve(ctx context.Context, cfg config.Config, migrations fs.FS, stderr io.W
 			return jl
 		}
 	}
-	svc := consumer.New(ccfg, db.NewInbox(database))
+	svc := consumer.New(ccfg, inbox)
 	h.Service(svc)
 
 	wg.Add(1)

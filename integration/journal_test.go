@@ -245,6 +245,12 @@ func TestAPointInTimeRestoreWithTheJournalLosesNothing(t *testing.T) {
 	waitFor(t, 120*time.Second, "the lost events applied again before any new event", func() bool {
 		return e.inboxCount() == len(before)+len(load)
 	})
+	// All of them in the one read of the stream the service makes at start,
+	// which says so once it is over.
+	waitFor(t, 60*time.Second, "the start's read of the journal over", func() bool { return proc.field(journalPrimed, "queues") != "" })
+	if n := proc.sum(journalPrimed, "entries_applied_again"); n < lost {
+		t.Errorf("the start's read of the journal applied %d entries again, want at least the %d lost", n, lost)
+	}
 	more := transfers(e, 100, 8)
 	if err := e.publishPipelined(more, &published); err != nil {
 		t.Fatal(err)
@@ -274,6 +280,10 @@ func firstJournalEntry(t *testing.T, ch *amqp.Channel, stream string) int64 {
 		return 0
 	}
 }
+
+// journalPrimed is what the service logs once it compared every queue with
+// the journal at start.
+const journalPrimed = "journal: compared every queue with the database in one read of the stream"
 
 // journalCheckFailed is what the service logs when it could not compare a
 // queue's journal with the database, or the journal does not reach back.

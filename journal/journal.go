@@ -300,10 +300,38 @@ type Found struct {
 // appends first, so it sees every entry confirmed before it was called.
 // The Found it returns has the read's First and Tail, and no entries.
 func (j *Journal) Read(ctx context.Context, queue string, after int64, since time.Time, page func(Found) error) (Found, error) {
-	f := Found{Tail: after, FromStart: since.IsZero()}
+	return readOne(ctx, j, queue, after, since, page)
+}
+
+// want is one queue's part of a read of several (readAll): its entries
+// above after go to page; found is what the read saw of the queue.
+type want struct {
+	after int64
+	page  func(Found) error
+	found Found
+	err   error // page's: the read of this queue ended
+}
+
+// readOne reads one queue's entries from s (see Journal.Read).
+func readOne(ctx context.Context, s store, queue string, after int64, since time.Time, page func(Found) error) (Found, error) {
+	w := &want{after: after, page: page}
+	err := s.readAll(ctx, since, map[string]*want{queue: w})
+	if err == nil {
+		err = w.err
+	}
+	return w.found, err
+}
+
+// readAll is Read for every queue of wants in one pass over the stream:
+// each queue's entries go to its own page, in the stream's order; a
+// queue whose page failed is passed over from then on.
+func (j *Journal) readAll(ctx context.Context, since time.Time, wants map[string]*want) error {
+	for _, w := range wants {
+		w.found = Found{Tail: w.after, FromStart: since.IsZero()}
+	}
 	ch, err := j.channel()
 	if err != nil {
-		return f, err
+		return err
 	}
 	fence := make([]byte, 16)
 	_, _ = rand.Read(fence)
@@ -319,22 +347,22 @@ func (j *Journal) Read(ctx context.Context, queue string, after int64, since tim
 	}
 	if err != nil {
 		j.fail(ch)
-		return f, fmt.Errorf("journal %s: fence: %w", j.cfg.Stream, err)
+		return fmt.Errorf("journal %s: fence: %w", j.cfg.Stream, err)
 	}
 
 	j.mu.Lock()
 	conn := j.conn
 	j.mu.Unlock()
 	if conn == nil {
-		return f, fmt.Errorf("journal %s: the connection closed", j.cfg.Stream)
+		return fmt.Errorf("journal %s: the connection closed", j.cfg.Stream)
 	}
 	rc, err := conn.Channel()
 	if err != nil {
-		return f, fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
+		return fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
 	}
 	defer rc.Close()
 	if err := rc.Qos(readPrefetch, 0, false); err != nil {
-		return f, fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
+		return fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
 	}
 	var offset any = "first"
 	if !since.IsZero() {
@@ -342,55 +370,62 @@ func (j *Journal) Read(ctx context.Context, queue string, after int64, since tim
 	}
 	deliveries, err := rc.ConsumeWithContext(ctx, j.cfg.Stream, "", false, false, false, false, amqp.Table{"x-stream-offset": offset})
 	if err != nil {
-		return f, fmt.Errorf("journal %s: read: %w", j.cfg.Stream, err)
+		return fmt.Errorf("journal %s: read: %w", j.cfg.Stream, err)
 	}
-	for n := 0; ; n++ {
+	open := len(wants) // queues whose page has not failed
+	for n := 0; open > 0; n++ {
 		var d amqp.Delivery
 		var ok bool
 		select {
 		case d, ok = <-deliveries:
 		case <-ctx.Done():
-			return f, fmt.Errorf("journal %s: read: %w", j.cfg.Stream, ctx.Err())
+			return fmt.Errorf("journal %s: read: %w", j.cfg.Stream, ctx.Err())
 		}
 		if !ok {
-			return f, fmt.Errorf("journal %s: the read ended before its fence", j.cfg.Stream)
+			return fmt.Errorf("journal %s: the read ended before its fence", j.cfg.Stream)
 		}
 		_ = d.Ack(true)
 		if n == 0 {
-			f.Head = d.Timestamp
+			for _, w := range wants {
+				w.found.Head = d.Timestamp
+			}
 		}
 		if fid, _ := d.Headers[hFence].(string); fid == id {
-			if len(f.Entries) > 0 {
-				if err := page(f); err != nil {
-					return f, err
+			for _, w := range wants {
+				if w.err == nil && len(w.found.Entries) > 0 {
+					w.err = w.page(w.found)
 				}
-				f.Entries = nil
+				w.found.Entries = nil
 			}
-			return f, nil
+			return nil
 		}
-		if q, _ := d.Headers[hQueue].(string); q != queue {
+		q, _ := d.Headers[hQueue].(string)
+		w := wants[q]
+		if w == nil || w.err != nil {
 			continue
 		}
-		entries, err := decode(queue, d.Body)
+		entries, err := decode(q, d.Body)
 		if err != nil {
-			return f, fmt.Errorf("journal %s: a message of %s at offset %v: %w", j.cfg.Stream, queue, d.Headers["x-stream-offset"], err)
+			return fmt.Errorf("journal %s: a message of %s at offset %v: %w", j.cfg.Stream, q, d.Headers["x-stream-offset"], err)
 		}
+		f := &w.found
 		for _, e := range entries {
 			if f.First == 0 {
 				f.First = e.Seq
 			}
 			f.Tail = max(f.Tail, e.Seq)
-			if e.Seq > after {
+			if e.Seq > w.after {
 				f.Entries = append(f.Entries, e)
 			}
 		}
 		if len(f.Entries) >= pageSize {
-			if err := page(f); err != nil {
-				return f, err
+			if w.err = w.page(*f); w.err != nil {
+				open--
 			}
 			f.Entries = nil
 		}
 	}
+	return nil
 }
 
 // pageSize is about how many entries a Read hands over at a time, and

@@ -50,7 +50,7 @@ type Lane struct {
 // store is where a Lane's entries go and come from: the Journal.
 type store interface {
 	Append(ctx context.Context, entries []Entry) error
-	Read(ctx context.Context, queue string, after int64, since time.Time, page func(Found) error) (Found, error)
+	readAll(ctx context.Context, since time.Time, wants map[string]*want) error
 }
 
 // Wrap returns inner with the journal, for queue's worker. The journal's
@@ -167,19 +167,37 @@ func (l *Lane) recoverAgain(ctx context.Context) (int, error) {
 }
 
 func (l *Lane) recover(ctx context.Context) (int, error) {
-	mark, at, err := l.inner.Marked(ctx, l.queue)
-	if err != nil {
+	r, err := l.begin(ctx)
+	if r == nil {
 		return 0, err
 	}
+	found, err := readOne(ctx, l.j, l.queue, r.mark, r.at, r.page)
+	if errors.Is(err, errFromStart) {
+		found, err = readOne(ctx, l.j, l.queue, r.mark, time.Time{}, r.page)
+	}
+	return r.finish(found, err)
+}
+
+// begin starts a restore from the database's mark; with no restore to
+// make, it returns why (the report of a journal that does not reach back,
+// while the mark stays where it was).
+func (l *Lane) begin(ctx context.Context) (*restoring, error) {
+	mark, at, err := l.inner.Marked(ctx, l.queue)
+	if err != nil {
+		return nil, err
+	}
 	if l.short != nil && l.short.Mark == mark && l.short.Since.Equal(at) {
-		return 0, l.short
+		return nil, l.short
 	}
 	l.short = nil
-	r := &restoring{ctx: ctx, l: l, mark: mark, at: at, prev: mark}
-	found, err := l.j.Read(ctx, l.queue, mark, at, r.page)
-	if errors.Is(err, errFromStart) {
-		found, err = l.j.Read(ctx, l.queue, mark, time.Time{}, r.page)
-	}
+	return &restoring{ctx: ctx, l: l, mark: mark, at: at, prev: mark}, nil
+}
+
+// finish ends a restore on what the read found (found) and how it ended
+// (err): the mark moves to the journal's tail of the queue, and the lane
+// is synced.
+func (r *restoring) finish(found Found, err error) (int, error) {
+	l := r.l
 	if err == nil && !r.started {
 		err = r.judge(found)
 	}
@@ -187,14 +205,14 @@ func (l *Lane) recover(ctx context.Context) (int, error) {
 		return r.applied, err
 	}
 	if found.Tail > r.prev {
-		if _, r.prev, err = l.move(ctx, nil, r.prev, found.Tail); err != nil {
+		if _, r.prev, err = l.move(r.ctx, nil, r.prev, found.Tail); err != nil {
 			return r.applied, err
 		}
 	}
 	l.prev, l.synced, l.checked = r.prev, true, false
 	if r.applied > 0 {
 		l.log.Warn("journal: applied again the entries the database had lost", "queue", l.queue, "entries", r.applied,
-			"from_seq", mark+1, "to_seq", r.prev)
+			"from_seq", r.mark+1, "to_seq", r.prev)
 	}
 	return r.applied, nil
 }

@@ -118,45 +118,44 @@ func (s *stream) Append(_ context.Context, entries []Entry) error {
 	return nil
 }
 
-// Read hands over pages of two entries, unless told otherwise, so that
+// readAll hands over pages of two entries, unless told otherwise, so that
 // restores cross pages.
-func (s *stream) Read(_ context.Context, queue string, after int64, since time.Time, page func(Found) error) (Found, error) {
+func (s *stream) readAll(_ context.Context, since time.Time, wants map[string]*want) error {
 	s.reads++
 	size := cmp.Or(s.page, 2)
-	page = func(page func(Found) error) func(Found) error {
-		return func(f Found) error {
-			if s.atPage != nil {
-				s.atPage()
-			}
-			return page(f)
+	page := func(w *want) {
+		if s.atPage != nil {
+			s.atPage()
 		}
-	}(page)
-	f := Found{Tail: after, FromStart: since.IsZero(), Head: s.head}
+		w.err = w.page(w.found)
+		w.found.Entries = nil
+	}
+	for _, w := range wants {
+		w.found = Found{Tail: w.after, FromStart: since.IsZero(), Head: s.head}
+	}
 	for _, e := range s.entries {
-		if e.Queue != queue {
+		w := wants[e.Queue]
+		if w == nil || w.err != nil {
 			continue
 		}
+		f := &w.found
 		if f.First == 0 {
 			f.First = e.Seq
 		}
 		f.Tail = max(f.Tail, e.Seq)
-		if e.Seq > after {
+		if e.Seq > w.after {
 			f.Entries = append(f.Entries, e)
 		}
 		if len(f.Entries) == size {
-			if err := page(f); err != nil {
-				return f, err
-			}
-			f.Entries = nil
+			page(w)
 		}
 	}
-	if len(f.Entries) > 0 {
-		if err := page(f); err != nil {
-			return f, err
+	for _, w := range wants {
+		if w.err == nil && len(w.found.Entries) > 0 {
+			page(w)
 		}
-		f.Entries = nil
 	}
-	return f, nil
+	return nil
 }
 
 // trim drops the stream's first n entries, as its retention does.
@@ -606,5 +605,65 @@ func TestTheNextLaneOfAQueueGoesOnFromTheLast(t *testing.T) {
 	}
 	if !slices.Equal(db.applied, want) || db.mark != 9 {
 		t.Fatalf("applied %v (mark %d), want %v (mark 9)", db.applied, db.mark, want)
+	}
+}
+
+// At start every queue is compared and restored in one read of the
+// stream, not one per queue; the queues' lanes the workers then open go
+// on from the marks that read left, without reading again.
+func TestAStartRestoresEveryQueueInOneRead(t *testing.T) {
+	s := &stream{}
+	queues := []string{"q.0", "q.1", "q.2"}
+	dbs := map[string]*database{}
+	lane := func(q string) *Lane {
+		l := newLane(dbs[q], s)
+		l.queue = q
+		return l
+	}
+	evs := events(30)
+	for _, q := range queues {
+		dbs[q] = &database{}
+	}
+	// The queues' events interleave in the stream.
+	for i := 0; i < 10; i++ {
+		for k, q := range queues {
+			l := lane(q)
+			l.prev, l.synced = dbs[q].mark, true
+			applyAll(t, l, evs[3*i+k:3*i+k+1], 1)
+		}
+	}
+	for _, q := range queues {
+		dbs[q].lose(4)
+	}
+	j := &Journal{}
+	var lanes []*Lane
+	for _, q := range queues {
+		l := lane(q)
+		j.watch(l)
+		lanes = append(lanes, l)
+	}
+	reads := s.reads
+	applied, errs := recoverAll(t.Context(), s, lanes)
+	if len(errs) != 0 || s.reads != reads+1 {
+		t.Fatalf("errors %v after %d reads; want none after one read", errs, s.reads-reads)
+	}
+	for k, q := range queues {
+		if applied[q] != 4 || len(dbs[q].applied) != 10 || dbs[q].mark != 10 {
+			t.Errorf("%s: %d applied again, %d in the database, mark %d; want 4, 10, 10", q, applied[q], len(dbs[q].applied), dbs[q].mark)
+		}
+		if want := evs[3*9+k].ID; dbs[q].applied[9] != want {
+			t.Errorf("%s: last applied %s, want %s", q, dbs[q].applied[9], want)
+		}
+	}
+	for _, l := range lanes {
+		l.Close()
+	}
+	for i, q := range queues {
+		l := lane(q)
+		j.watch(l)
+		applyAll(t, l, events(31)[30:], 1)
+		if s.reads != reads+1 {
+			t.Fatalf("queue %d's next lane read the stream again", i)
+		}
 	}
 }

@@ -1,0 +1,111 @@
+package journal
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"transferconsumer/event"
+)
+
+// Prime restores every queue of queues at once, in one pass over the
+// stream (RecoverAll), before the service consumes them, each on a lane
+// from newLane, and closes those lanes: the workers' lanes then go on
+// from the marks they were left synced at, without each reading the same
+// stretch of the stream. A queue it could not restore (the journal down,
+// a journal that does not reach back) is logged, and its worker's lane
+// restores it itself before its first event. It takes at most checkFor.
+func (j *Journal) Prime(ctx context.Context, queues []string, newLane func() event.MarkedLane, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(ctx, checkFor)
+	defer cancel()
+	lanes := make([]*Lane, len(queues))
+	for i, q := range queues {
+		lanes[i] = j.Wrap(q, newLane(), log)
+		defer lanes[i].Close()
+	}
+	start := time.Now()
+	applied, errs := recoverAll(ctx, j, lanes)
+	total := 0
+	for _, q := range queues {
+		total += applied[q]
+		if err := errs[q]; err != nil {
+			log.Warn("journal: could not compare the queue's journal with the database at start; its first event waits until it is",
+				"queue", q, "err", err)
+		}
+	}
+	log.Info("journal: compared every queue with the database in one read of the stream", "queues", len(queues),
+		"entries_applied_again", total, "failed", len(errs), "took_ms", time.Since(start).Milliseconds())
+}
+
+// RecoverAll is Recover of every lane at once, in one pass over the
+// stream (two when some queue's read has to start from the stream's
+// start), instead of one pass per queue over the same stretch. It returns
+// each queue's count of entries applied again, and the errors by queue.
+func (j *Journal) RecoverAll(ctx context.Context, lanes []*Lane) (map[string]int, map[string]error) {
+	return recoverAll(ctx, j, lanes)
+}
+
+func recoverAll(ctx context.Context, s store, lanes []*Lane) (map[string]int, map[string]error) {
+	applied, errs := map[string]int{}, map[string]error{}
+	rs := map[string]*restoring{}
+	var since time.Time
+	for _, l := range lanes {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if _, dup := rs[l.queue]; dup || l.closed {
+			continue
+		}
+		r, err := l.begin(ctx)
+		if r == nil {
+			errs[l.queue] = err
+			continue
+		}
+		if len(rs) == 0 || r.at.Before(since) {
+			since = r.at // zero, a queue without a mark: from the stream's start
+		}
+		rs[l.queue] = r
+	}
+	pass := func(since time.Time, which map[string]*restoring) map[string]*want {
+		wants := map[string]*want{}
+		for q, r := range which {
+			wants[q] = &want{after: r.mark, page: r.page}
+		}
+		if err := s.readAll(ctx, since, wants); err != nil {
+			for _, w := range wants {
+				w.err = err
+			}
+		}
+		return wants
+	}
+	finish := func(q string, r *restoring, w *want) {
+		n, err := r.finish(w.found, w.err)
+		if errors.Is(err, event.ErrJournalGap) {
+			// Another reader moved the mark under it: this queue alone,
+			// from the mark the database holds now.
+			var m int
+			m, err = r.l.recoverAgain(ctx)
+			n += m
+		}
+		applied[q] = n
+		if err != nil {
+			errs[q] = err
+		}
+	}
+	wants := pass(since, rs)
+	again := map[string]*restoring{}
+	for q, r := range rs {
+		if errors.Is(wants[q].err, errFromStart) {
+			again[q] = r
+			continue
+		}
+		finish(q, r, wants[q])
+	}
+	if len(again) > 0 {
+		wants = pass(time.Time{}, again)
+		for q, r := range again {
+			finish(q, r, wants[q])
+		}
+	}
+	return applied, errs
+}
