@@ -64,11 +64,18 @@ func recoverCommand(ctx context.Context, cfg config.Config, accept bool, stdout,
 	jr := journal.New(cfg.Journal())
 	defer jr.Close()
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	// Every queue in one read of the stream; those whose loss is accepted
+	// are read again alone.
+	lanes := make([]*journal.Lane, cfg.QueueCount)
+	for i := range lanes {
+		lanes[i] = jr.Wrap(cfg.Topology().Queue(i), in.Lane(cfg.ApplyTimeout).(event.MarkedLane), log)
+		defer lanes[i].Close()
+	}
+	applied, errs := jr.RecoverAll(ctx, lanes)
 	short := 0
-	for i := range cfg.QueueCount {
+	for i, l := range lanes {
 		queue := cfg.Topology().Queue(i)
-		l := jr.Wrap(queue, in.Lane(cfg.ApplyTimeout).(event.MarkedLane), log)
-		n, err := l.Recover(ctx)
+		n, err := applied[queue], errs[queue]
 		var se *journal.ShortError
 		if errors.As(err, &se) && accept {
 			fmt.Fprintf(stdout, "%s: accepted the loss of up to %d events acked after %s\n", queue, se.Missing(), se.Since.UTC().Format("2006-01-02T15:04:05Z"))
@@ -76,8 +83,6 @@ func recoverCommand(ctx context.Context, cfg config.Config, accept bool, stdout,
 				n, err = l.Recover(ctx)
 			}
 		}
-		mark := l.Mark()
-		l.Close()
 		switch {
 		case errors.As(err, &se):
 			fmt.Fprintf(stdout, "%s: %v\n", queue, err)
@@ -85,7 +90,7 @@ func recoverCommand(ctx context.Context, cfg config.Config, accept bool, stdout,
 		case err != nil:
 			return fmt.Errorf("recover %s: %w", queue, err)
 		default:
-			fmt.Fprintf(stdout, "%s: %d entries applied again; the database holds the journal up to entry %d\n", queue, n, mark)
+			fmt.Fprintf(stdout, "%s: %d entries applied again; the database holds the journal up to entry %d\n", queue, n, l.Mark())
 		}
 	}
 	if short > 0 {
