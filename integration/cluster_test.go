@@ -131,7 +131,7 @@ func nodeLoss(t *testing.T, b backend, ctl clusterCtl, journal string) {
 	e.checkLifecycle(all)
 	e.checkAccountOrder(all)
 	if journal != "" {
-		journaled := e.journaled(urls[0], journal)
+		journaled := e.journaled(urls, journal)
 		missing := 0
 		for _, tr := range all {
 			if e.inboxRows(tr.EventID) > 0 && !journaled[tr.EventID] {

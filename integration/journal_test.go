@@ -322,43 +322,67 @@ func (e *env) checkRestored(proc *process, events []transfer, lost int) {
 	}
 }
 
-// journaled reads the whole journal stream through amqpURL, up to a fence
-// it appends, and returns the ids of the events its entries hold (those
-// not dead-lettered).
-func (e *env) journaled(amqpURL, stream string) map[string]bool {
+// journaled reads the whole journal stream through one of amqpURLs, up
+// to a fence it appends, and returns the ids of the events its entries
+// hold (those not dead-lettered). A node started again may not run its
+// replica of the stream yet: it tries the next, until one answers.
+func (e *env) journaled(amqpURLs []string, stream string) map[string]bool {
 	e.t.Helper()
+	var out map[string]bool
+	var last error
+	waitFor(e.t, 60*time.Second, "the journal read whole", func() bool {
+		for _, u := range amqpURLs {
+			if out, last = readJournal(u, stream); last == nil {
+				return true
+			}
+		}
+		return false
+	})
+	if out == nil {
+		e.t.Fatalf("the journal could not be read: %v", last)
+	}
+	return out
+}
+
+func readJournal(amqpURL, stream string) (map[string]bool, error) {
 	conn, err := amqp.Dial(amqpURL)
 	if err != nil {
-		e.t.Fatal(err)
+		return nil, err
 	}
 	defer conn.Close()
 	ch, err := conn.Channel()
 	if err != nil {
-		e.t.Fatal(err)
+		return nil, err
 	}
 	fence := "fence-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	if err := ch.Confirm(false); err != nil {
-		e.t.Fatal(err)
+		return nil, err
 	}
 	c, err := ch.PublishWithDeferredConfirm("", stream, false, false, amqp.Publishing{Headers: amqp.Table{"x-journal-fence": fence}})
-	if err != nil || !c.Wait() {
-		e.t.Fatalf("journal fence: %v", err)
+	if err != nil {
+		return nil, err
+	}
+	if !c.Wait() {
+		return nil, fmt.Errorf("the fence was not confirmed")
 	}
 	if err := ch.Qos(100, 0, false); err != nil {
-		e.t.Fatal(err)
+		return nil, err
 	}
 	deliveries, err := ch.Consume(stream, "", false, false, false, false, amqp.Table{"x-stream-offset": "first"})
 	if err != nil {
-		e.t.Fatal(err)
+		return nil, err
 	}
 	out := map[string]bool{}
 	deadline := time.After(60 * time.Second)
 	for {
 		select {
-		case d := <-deliveries:
+		case d, ok := <-deliveries:
+			if !ok {
+				return nil, fmt.Errorf("the read ended before its fence")
+			}
 			_ = d.Ack(false)
 			if f, _ := d.Headers["x-journal-fence"].(string); f == fence {
-				return out
+				return out, nil
 			}
 			if _, ok := d.Headers["x-journal-queue"]; !ok {
 				continue
@@ -370,7 +394,7 @@ func (e *env) journaled(amqpURL, stream string) map[string]bool {
 				} `json:"body"`
 			}
 			if err := json.Unmarshal(d.Body, &entries); err != nil {
-				e.t.Fatalf("a journal message: %v", err)
+				return nil, fmt.Errorf("a journal message: %w", err)
 			}
 			for _, en := range entries {
 				if !en.Dead {
@@ -378,7 +402,7 @@ func (e *env) journaled(amqpURL, stream string) map[string]bool {
 				}
 			}
 		case <-deadline:
-			e.t.Fatalf("the journal's fence did not come back within a minute")
+			return nil, fmt.Errorf("the fence did not come back within a minute")
 		}
 	}
 }
