@@ -71,6 +71,9 @@ func recoverAll(ctx context.Context, s store, lanes []*Lane) (map[string]int, ma
 		for q, r := range which {
 			wants[q] = &want{after: r.mark, page: r.page}
 		}
+		if len(wants) == 0 {
+			return wants
+		}
 		if err := s.readAll(ctx, since, wants); err != nil {
 			for _, w := range wants {
 				w.err = err
