@@ -176,6 +176,15 @@ func events(n int) []event.Event {
 	return out
 }
 
+// ids are evs' event ids, in order.
+func ids(evs []event.Event) []string {
+	out := make([]string, len(evs))
+	for i, ev := range evs {
+		out[i] = ev.ID
+	}
+	return out
+}
+
 func applyAll(t *testing.T, l *Lane, evs []event.Event, batch int) {
 	t.Helper()
 	for i := 0; i < len(evs); i += batch {
@@ -202,10 +211,7 @@ func TestALostCommitIsAppliedAgainInOrder(t *testing.T) {
 			}
 			db.lose(2)
 			applyAll(t, l, evs[9:], batch)
-			want := make([]string, len(evs))
-			for i, ev := range evs {
-				want[i] = ev.ID
-			}
+			want := ids(evs)
 			if !slices.Equal(db.applied, want) {
 				t.Fatalf("applied %v, want %v", db.applied, want)
 			}
@@ -453,10 +459,7 @@ func TestTheWatchRestoresAnIdleQueue(t *testing.T) {
 	}
 	cancel()
 	<-done
-	want := make([]string, len(evs))
-	for i, ev := range evs {
-		want[i] = ev.ID
-	}
+	want := ids(evs)
 	if !slices.Equal(db.applied, want) || db.mark != 9 {
 		t.Fatalf("applied %v (mark %d), want %v (mark 9)", db.applied, db.mark, want)
 	}
@@ -496,10 +499,7 @@ func TestALaneWhoseMarkAnotherMovedReadsTheJournalBeforeItApplies(t *testing.T) 
 	}
 	db.lose(6)
 	applyAll(t, a, evs[6:], 1)
-	want := make([]string, len(evs))
-	for i, ev := range evs {
-		want[i] = ev.ID
-	}
+	want := ids(evs)
 	if !slices.Equal(db.applied, want) || db.mark != 7 {
 		t.Fatalf("applied %v (mark %d), want %v (mark 7)", db.applied, db.mark, want)
 	}
@@ -599,10 +599,7 @@ func TestTheNextLaneOfAQueueGoesOnFromTheLast(t *testing.T) {
 	if s.reads != 2 {
 		t.Errorf("%d reads, want one more for the gap", s.reads)
 	}
-	want := make([]string, len(evs))
-	for i, ev := range evs {
-		want[i] = ev.ID
-	}
+	want := ids(evs)
 	if !slices.Equal(db.applied, want) || db.mark != 9 {
 		t.Fatalf("applied %v (mark %d), want %v (mark 9)", db.applied, db.mark, want)
 	}
