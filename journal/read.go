@@ -1,0 +1,199 @@
+package journal
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"transferconsumer/event"
+)
+
+// Found is what a Read found of a queue's entries.
+type Found struct {
+	// Entries are those above after, in the stream's order: in a page,
+	// those of the page.
+	Entries []Entry
+	// First is the sequence of the queue's first entry the read saw (0
+	// for none), Tail the highest (after, if none is higher).
+	First, Tail int64
+	// FromStart: the read began at the stream's first entry, whose time
+	// is Head (the zero time for an empty stream).
+	FromStart bool
+	Head      time.Time
+}
+
+// Read reads queue's entries above after, and hands them to page as they
+// come, up to pageSize at a time, in the stream's order; each page's
+// Found also says what the read has seen so far (First, FromStart, Head).
+// An error of page ends the read. It starts Skew before since, or at the
+// stream's first entry when since is zero, and reads up to a fence it
+// appends first, so it sees every entry confirmed before it was called.
+// The Found it returns has the read's First and Tail, and no entries.
+func (j *Journal) Read(ctx context.Context, queue string, after int64, since time.Time, page func(Found) error) (Found, error) {
+	return readOne(ctx, j, queue, after, since, page)
+}
+
+// want is one queue's part of a read of several (readAll): its entries
+// above after go to page; found is what the read saw of the queue.
+type want struct {
+	after int64
+	page  func(Found) error
+	found Found
+	err   error // page's: the read of this queue ended
+}
+
+// readOne reads one queue's entries from s (see Journal.Read).
+func readOne(ctx context.Context, s store, queue string, after int64, since time.Time, page func(Found) error) (Found, error) {
+	w := &want{after: after, page: page}
+	err := s.readAll(ctx, since, map[string]*want{queue: w})
+	if err == nil {
+		err = w.err
+	}
+	return w.found, err
+}
+
+// readAll is Read for every queue of wants in one pass over the stream:
+// each queue's entries go to its own page, in the stream's order; a
+// queue whose page failed is passed over from then on.
+func (j *Journal) readAll(ctx context.Context, since time.Time, wants map[string]*want) error {
+	for _, w := range wants {
+		w.found = Found{Tail: w.after, FromStart: since.IsZero()}
+	}
+	ch, err := j.channel()
+	if err != nil {
+		return err
+	}
+	fence := make([]byte, 16)
+	_, _ = rand.Read(fence)
+	id := hex.EncodeToString(fence)
+	c, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", j.cfg.Stream, false, false, amqp.Publishing{
+		Headers: amqp.Table{hFence: id}, DeliveryMode: amqp.Persistent, Timestamp: time.Now()})
+	if err == nil {
+		var acked bool
+		acked, err = c.WaitContext(ctx)
+		if err == nil && !acked {
+			err = errors.New("the broker refused the fence (nack)")
+		}
+	}
+	if err != nil {
+		j.fail(ch)
+		return fmt.Errorf("journal %s: fence: %w", j.cfg.Stream, err)
+	}
+
+	j.mu.Lock()
+	conn := j.conn
+	j.mu.Unlock()
+	if conn == nil {
+		return fmt.Errorf("journal %s: the connection closed", j.cfg.Stream)
+	}
+	rc, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
+	}
+	defer rc.Close()
+	if err := rc.Qos(readPrefetch, 0, false); err != nil {
+		return fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
+	}
+	var offset any = "first"
+	if !since.IsZero() {
+		offset = since.Add(-Skew)
+	}
+	deliveries, err := rc.ConsumeWithContext(ctx, j.cfg.Stream, "", false, false, false, false, amqp.Table{"x-stream-offset": offset})
+	if err != nil {
+		return fmt.Errorf("journal %s: read: %w", j.cfg.Stream, err)
+	}
+	open := len(wants) // queues whose page has not failed
+	for n := 0; open > 0; n++ {
+		var d amqp.Delivery
+		var ok bool
+		select {
+		case d, ok = <-deliveries:
+		case <-ctx.Done():
+			return fmt.Errorf("journal %s: read: %w", j.cfg.Stream, ctx.Err())
+		}
+		if !ok {
+			return fmt.Errorf("journal %s: the read ended before its fence", j.cfg.Stream)
+		}
+		_ = d.Ack(true)
+		if n == 0 {
+			for _, w := range wants {
+				w.found.Head = d.Timestamp
+			}
+		}
+		if fid, _ := d.Headers[hFence].(string); fid == id {
+			for _, w := range wants {
+				if w.err == nil && len(w.found.Entries) > 0 {
+					w.err = w.page(w.found)
+				}
+				w.found.Entries = nil
+			}
+			return nil
+		}
+		q, _ := d.Headers[hQueue].(string)
+		w := wants[q]
+		if w == nil || w.err != nil {
+			continue
+		}
+		entries, err := decode(q, d.Body)
+		if err != nil {
+			return fmt.Errorf("journal %s: a message of %s at offset %v: %w", j.cfg.Stream, q, d.Headers["x-stream-offset"], err)
+		}
+		f := &w.found
+		for _, e := range entries {
+			if f.First == 0 {
+				f.First = e.Seq
+			}
+			f.Tail = max(f.Tail, e.Seq)
+			if e.Seq > w.after {
+				f.Entries = append(f.Entries, e)
+			}
+		}
+		if len(f.Entries) >= pageSize {
+			if w.err = w.page(*f); w.err != nil {
+				open--
+			}
+			f.Entries = nil
+		}
+	}
+	return nil
+}
+
+// pageSize is about how many entries a Read hands over at a time, and
+// readPrefetch how many of the stream's messages (a transaction's entries
+// each, up to maxMessage bytes) it lets the broker send ahead: together,
+// what a restore holds in memory, whatever the size of the gap.
+const (
+	pageSize     = 1000
+	readPrefetch = 100
+)
+
+// decode decodes a journal message's entries of queue, each event with
+// the message it was first delivered in.
+func decode(queue string, body []byte) ([]Entry, error) {
+	var wire []wireEntry
+	if err := json.Unmarshal(body, &wire); err != nil {
+		return nil, err
+	}
+	out := make([]Entry, len(wire))
+	for i, w := range wire {
+		ev, err := event.Decode(w.Body, w.MessageID, w.Type)
+		if err != nil {
+			return nil, fmt.Errorf("entry %d: %w", w.Seq, err)
+		}
+		var headers amqp.Table
+		if len(w.Headers) > 0 {
+			if err := json.Unmarshal(w.Headers, &headers); err != nil {
+				return nil, fmt.Errorf("entry %d's headers: %w", w.Seq, err)
+			}
+		}
+		ev.Message = event.Message{RoutingKey: w.RoutingKey, Body: w.Body, Headers: headers, MessageID: w.MessageID, ContentType: w.ContentType}
+		out[i] = Entry{Queue: queue, Seq: w.Seq, Event: ev, Dead: w.Dead}
+	}
+	return out, nil
+}

@@ -1,0 +1,277 @@
+package journal
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"transferconsumer/event"
+)
+
+// The restore: what a Lane applies again from the journal (Recover), and
+// its report when the journal does not reach back (ShortError).
+
+// ShortError: the journal no longer reaches back to the start of a
+// queue's gap. The entries between the database's mark and the journal's
+// first entry of the queue are gone with the stream's retention, unless
+// they were never written.
+type ShortError struct {
+	Queue       string
+	Mark, First int64     // the database's mark; the journal's first entry of the queue
+	Since       time.Time // when the database's mark moved last
+	Head        time.Time // the journal's first entry's time
+}
+
+// Missing is how many events at most the journal cannot restore.
+func (e *ShortError) Missing() int64 { return e.First - e.Mark - 1 }
+
+func (e *ShortError) Error() string {
+	return fmt.Sprintf("journal: queue %s cannot be restored whole: the database holds up to entry %d (moved %s), "+
+		"the journal begins at %s and its first entry of the queue is %d, so up to %d events acked after %s are in neither; "+
+		"the queue waits until an operator runs transferconsumer recover --accept-loss (adr/0014)",
+		e.Queue, e.Mark, e.Since.UTC().Format(time.RFC3339), e.Head.UTC().Format(time.RFC3339), e.First, e.Missing(),
+		e.Since.UTC().Format(time.RFC3339))
+}
+
+// Recover applies the queue's journal entries the database lacks, in the
+// journal's order, and returns how many it applied again (the inbox drops
+// any the database still holds). It leaves the database's mark at the
+// highest sequence the journal holds for the queue, or at the database's
+// own if that is higher.
+//
+// Which entries are missing is told by the sequences alone; where the read
+// starts is chosen by time: Skew before the database's mark last moved.
+// When the first entry of the queue it finds is past the one after the
+// mark, it reads again from the stream's start, and if the journal begins
+// after the mark moved, its retention may have taken events no one holds
+// now: it returns a *ShortError, and the queue waits.
+//
+// Another reader restoring the same queue at once (a replica, the recover
+// command) moves the mark under it: it then starts again from the mark
+// the database holds, a few times.
+func (l *Lane) Recover(ctx context.Context) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.recoverAgain(ctx)
+}
+
+func (l *Lane) recoverAgain(ctx context.Context) (int, error) {
+	for try := 1; ; try++ {
+		n, err := l.recover(ctx)
+		if !errors.Is(err, event.ErrJournalGap) || try == 5 {
+			return n, err
+		}
+	}
+}
+
+func (l *Lane) recover(ctx context.Context) (int, error) {
+	r, err := l.begin(ctx)
+	if r == nil {
+		return 0, err
+	}
+	found, err := readOne(ctx, l.j, l.queue, r.mark, r.at, r.page)
+	if errors.Is(err, errFromStart) {
+		found, err = readOne(ctx, l.j, l.queue, r.mark, time.Time{}, r.page)
+	}
+	return r.finish(found, err)
+}
+
+// begin starts a restore from the database's mark; with no restore to
+// make, it returns why (the report of a journal that does not reach back,
+// while the mark stays where it was).
+func (l *Lane) begin(ctx context.Context) (*restoring, error) {
+	mark, at, err := l.inner.Marked(ctx, l.queue)
+	if err != nil {
+		return nil, err
+	}
+	if l.short != nil && l.short.Mark == mark && l.short.Since.Equal(at) {
+		return nil, l.short
+	}
+	l.short = nil
+	return &restoring{ctx: ctx, l: l, mark: mark, at: at, prev: mark}, nil
+}
+
+// finish ends a restore on what the read found (found) and how it ended
+// (err): the mark moves to the journal's tail of the queue, and the lane
+// is synced.
+func (r *restoring) finish(found Found, err error) (int, error) {
+	l := r.l
+	if err == nil && !r.started {
+		err = r.judge(found)
+	}
+	if err != nil {
+		return r.applied, err
+	}
+	if found.Tail > r.prev {
+		if _, r.prev, err = l.move(r.ctx, nil, r.prev, found.Tail); err != nil {
+			return r.applied, err
+		}
+	}
+	l.prev, l.synced, l.checked = r.prev, true, false
+	if r.applied > 0 {
+		l.log.Warn("journal: applied again the entries the database had lost", "queue", l.queue, "entries", r.applied,
+			"from_seq", r.mark+1, "to_seq", r.prev)
+	}
+	return r.applied, nil
+}
+
+// AcceptLoss moves the queue's mark past what a *ShortError says the
+// journal cannot restore, so that Recover restores the rest.
+func (l *Lane) AcceptLoss(ctx context.Context, short *ShortError) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, err := l.inner.ApplyMarked(ctx, nil, event.Mark{Queue: l.queue, Prev: short.Mark, Last: short.First - 1})
+	return err
+}
+
+// errFromStart: the read began after the queue's first entry above the
+// mark; it is read again from the stream's start.
+var errFromStart = errors.New("journal: the read began past the mark")
+
+// restoreBatch is how many entries a restore applies in one transaction.
+const restoreBatch = 100
+
+// restoring is one restore of a queue from its mark: the pages of the
+// journal's read are applied as they come, so a gap of any size takes the
+// memory of a page.
+type restoring struct {
+	ctx      context.Context
+	l        *Lane
+	mark     int64     // the database's, when the restore began
+	at       time.Time // when it moved
+	prev     int64     // the mark the database holds now
+	started  bool      // the first page was judged
+	applied  int
+	reported int // applied, as last logged
+}
+
+// judge decides, on the read's first entries of the queue, whether they
+// reach back to the mark: errFromStart when the read may have begun too
+// late, a *ShortError when the journal itself begins too late.
+func (r *restoring) judge(f Found) error {
+	if f.First <= r.mark+1 {
+		return nil
+	}
+	if !f.FromStart {
+		return errFromStart
+	}
+	if f.Head.After(r.at) {
+		r.l.short = &ShortError{Queue: r.l.queue, Mark: r.mark, First: f.First, Since: r.at, Head: f.Head}
+		return r.l.short
+	}
+	return nil
+}
+
+// page applies one page of the read's entries, in runs of up to
+// restoreBatch events per transaction, after judging the first.
+func (r *restoring) page(f Found) error {
+	if !r.started {
+		if err := r.judge(f); err != nil {
+			return err
+		}
+		r.started = true
+	}
+	for run := f.Entries; len(run) > 0; {
+		n := 1
+		if !run[0].Dead {
+			for n < len(run) && n < restoreBatch && !run[n].Dead {
+				n++
+			}
+		}
+		if err := r.apply(run[:n]); err != nil {
+			return err
+		}
+		run = run[n:]
+	}
+	if r.applied >= r.reported+progressEvery {
+		r.l.log.Info("journal: applying again the entries the database lost", "queue", r.l.queue,
+			"entries", r.applied, "to_seq", r.prev)
+		r.reported = r.applied
+	}
+	return nil
+}
+
+// progressEvery is how many entries applied again a restore logs at.
+const progressEvery = 10_000
+
+// apply applies entries again in one transaction (one dead-lettered
+// entry: moves the mark over it alone). When the database refuses the
+// transaction for one of its messages, it applies them one by one.
+func (r *restoring) apply(entries []Entry) error {
+	l, ctx := r.l, r.ctx
+	last := r.prev
+	var evs []event.Event
+	for _, e := range entries {
+		last = max(last, e.Seq)
+		if !e.Dead {
+			evs = append(evs, e.Event)
+		}
+	}
+	outs, held, err := l.move(ctx, evs, r.prev, last)
+	if err != nil && len(entries) > 1 && event.CausedByMessage(event.ClassOf(ctx, err)) {
+		for i := range entries {
+			if err := r.apply(entries[i : i+1]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var refused error
+	switch {
+	case err == nil: // outs is nil when another reader's restore applied them
+	case event.CausedByMessage(event.ClassOf(ctx, err)):
+		// It was applied once, so it should apply again; if the database
+		// refuses it now, move past it and say so.
+		refused = err
+		if _, held, err = l.move(ctx, nil, r.prev, last); err != nil {
+			return err
+		}
+	default:
+		return fmt.Errorf("journal: apply entries %d to %d of %s again: %w", entries[0].Seq, last, l.queue, err)
+	}
+	n := len(outs)
+	for i, o := range outs {
+		if o.Err != nil {
+			l.refused(entries[i], o.Err) // entries with outcomes hold no dead one
+		}
+	}
+	if refused != nil {
+		l.refused(entries[0], refused)
+		n = len(evs)
+	}
+	r.prev = held
+	r.applied += n
+	if n > 0 && l.Restored != nil {
+		l.Restored(l.queue, n)
+	}
+	return nil
+}
+
+// refused logs an entry that the database refused when applied again.
+func (l *Lane) refused(e Entry, err error) {
+	l.log.Error("journal: an entry the service had applied and acked was refused when applied again; it stays in the journal",
+		"queue", l.queue, "seq", e.Seq, "event_id", e.Event.ID, "err", err)
+}
+
+// move applies evs (none: moves the mark alone) with the mark from prev to
+// last, and returns the mark the database then holds. When another
+// reader's restore of the queue (a replica, the recover command) has moved
+// the mark to last or past it, that reader applied these entries: move
+// returns no outcomes and no error, and the mark it found, so that the two
+// restores go on together instead of each starting again.
+func (l *Lane) move(ctx context.Context, evs []event.Event, prev, last int64) ([]event.Outcome, int64, error) {
+	outs, err := l.inner.ApplyMarked(ctx, evs, event.Mark{Queue: l.queue, Prev: prev, Last: last})
+	if errors.Is(err, event.ErrJournalGap) {
+		if held, _, merr := l.inner.Marked(ctx, l.queue); merr == nil && held >= last {
+			return nil, held, nil
+		}
+	}
+	if err != nil {
+		return nil, prev, err
+	}
+	if len(evs) == 0 {
+		outs = nil
+	}
+	return outs, last, nil
+}

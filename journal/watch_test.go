@@ -1,0 +1,248 @@
+package journal
+
+// The watch, restores page by page, and the start's one read; the models
+// are lane_test.go's.
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"transferconsumer/event"
+)
+
+// A queue with no traffic is restored by the watch: kicked (as a new
+// database connection kicks it), it checks every lane, and the lane whose
+// database lost commits applies them again from the journal without an
+// event of its own. A lane whose database holds its mark is checked
+// without reading the stream.
+func TestTheWatchRestoresAnIdleQueue(t *testing.T) {
+	db, s := &database{}, &stream{}
+	l := newLane(db, s)
+	evs := events(9)
+	applyAll(t, l, evs, 2)
+	db.lose(2)
+	restored := make(chan int, 3)
+	l.Restored = func(_ string, n int) { restored <- n }
+	j := &Journal{}
+	j.watch(l)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { defer close(done); j.Watch(ctx, time.Hour, l.log) }()
+	for n := 0; n < 3; {
+		select {
+		case m := <-restored:
+			n += m
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the watch restored %d entries, want 3", n)
+		}
+	}
+	cancel()
+	<-done
+	want := ids(evs)
+	if !slices.Equal(db.applied, want) || db.mark != 9 {
+		t.Fatalf("applied %v (mark %d), want %v (mark 9)", db.applied, db.mark, want)
+	}
+	reads := s.reads
+	if _, err := l.Check(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if s.reads != reads {
+		t.Errorf("a check of a lane whose database holds its mark read the stream")
+	}
+	l.Close()
+	if len(j.lanes) != 0 {
+		t.Errorf("a closed lane is still watched")
+	}
+}
+
+// Two replicas: a (its consumer inactive) and b, which consumes the queue
+// and moves the mark. a's checks see the mark move and read nothing
+// meanwhile; the database then loses all that b applied, back to the very
+// mark a went on from, and b is gone: a, consuming now, reads the
+// journal before it applies and restores b's events first.
+func TestALaneWhoseMarkAnotherMovedReadsTheJournalBeforeItApplies(t *testing.T) {
+	db, s := &database{}, &stream{}
+	a, b := newLane(db, s), newLane(db, s)
+	if _, err := a.Check(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	evs := events(7)
+	for i := range 6 {
+		applyAll(t, b, evs[i:i+1], 1)
+		if _, err := a.Check(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s.reads != 2 {
+		t.Fatalf("%d reads, want 2 (each lane's first): a read the stream while b moved the mark", s.reads)
+	}
+	db.lose(6)
+	applyAll(t, a, evs[6:], 1)
+	want := ids(evs)
+	if !slices.Equal(db.applied, want) || db.mark != 7 {
+		t.Fatalf("applied %v (mark %d), want %v (mark 7)", db.applied, db.mark, want)
+	}
+}
+
+// A restore applies the journal's entries in transactions of up to
+// restoreBatch events, and each page of the read before the next is
+// read, so a gap of any size holds one page in memory.
+func TestARestoreAppliesPageByPageInBatches(t *testing.T) {
+	db, s := &database{}, &stream{}
+	l := newLane(db, s)
+	evs := events(450)
+	applyAll(t, l, evs, 1)
+	db.lose(450)
+	s.page = 200
+	var marks []int64
+	s.atPage = func() { marks = append(marks, db.mark) }
+	txs := db.txs
+	if n, err := l.Check(t.Context()); err != nil || n != 450 {
+		t.Fatalf("restored %d (%v), want 450", n, err)
+	}
+	if got := db.txs - txs; got != 5 { // 100+100, 100+100, 50
+		t.Errorf("the restore took %d transactions, want 5 (pages of 200 in batches of %d)", got, restoreBatch)
+	}
+	if !slices.Equal(marks, []int64{0, 200, 400}) {
+		t.Errorf("the database's mark at each page was %v, want [0 200 400]: each page applied before the next is read", marks)
+	}
+	if len(db.applied) != 450 || db.applied[449] != "ev-449" || db.mark != 450 {
+		t.Errorf("applied %d events, last %s, mark %d", len(db.applied), db.applied[len(db.applied)-1], db.mark)
+	}
+}
+
+// An entry the database refuses when it is applied again (it was applied
+// and acked once) does not hold back the others of its batch: the batch
+// is applied one by one, the refused entry is passed over and logged, and
+// the rest are applied in order.
+func TestAnEntryRefusedOnRestoreDoesNotHoldItsBatch(t *testing.T) {
+	db, s := &database{}, &stream{page: 10}
+	l := newLane(db, s)
+	evs := events(5)
+	applyAll(t, l, evs, 1)
+	db.lose(5)
+	db.refuse = map[string]error{"ev-002": event.Transition(errors.New("no longer allowed"))}
+	if _, err := l.Check(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"ev-000", "ev-001", "ev-003", "ev-004"}; !slices.Equal(db.applied, want) || db.mark != 5 {
+		t.Errorf("applied %v (mark %d), want %v (mark 5)", db.applied, db.mark, want)
+	}
+}
+
+// The watch never holds up a worker that is applying: a check of a lane
+// in use passes it over, without reading the database or the stream.
+func TestACheckPassesOverALaneInUse(t *testing.T) {
+	db, s := &database{}, &stream{}
+	l := newLane(db, s)
+	applyAll(t, l, events(3), 1)
+	db.lose(1)
+	db.down = errors.New("must not be read")
+	l.mu.Lock()
+	n, err := l.Check(t.Context())
+	l.mu.Unlock()
+	if n != 0 || err != nil || s.reads != 1 {
+		t.Fatalf("a check of a lane in use returned %d, %v after %d reads; want it passed over", n, err, s.reads)
+	}
+	db.down = nil
+	if n, err := l.Check(t.Context()); n != 1 || err != nil {
+		t.Fatalf("the next check restored %d (%v), want 1", n, err)
+	}
+}
+
+// A queue's next lane in the same process (after a broker reconnect) goes
+// on from the mark its last lane closed synced at, without reading the
+// stream; if the database lost commits meanwhile, its first transaction
+// finds the gap and restores it.
+func TestTheNextLaneOfAQueueGoesOnFromTheLast(t *testing.T) {
+	db, s := &database{}, &stream{}
+	j := &Journal{}
+	wrap := func() *Lane {
+		l := newLane(db, s)
+		j.watch(l)
+		return l
+	}
+	evs := events(9)
+	l := wrap()
+	applyAll(t, l, evs[:3], 1)
+	l.Close()
+	l = wrap()
+	applyAll(t, l, evs[3:6], 1)
+	if s.reads != 1 {
+		t.Fatalf("%d reads, want the first lane's alone", s.reads)
+	}
+	l.Close()
+	db.lose(2)
+	l = wrap()
+	applyAll(t, l, evs[6:], 1)
+	if s.reads != 2 {
+		t.Errorf("%d reads, want one more for the gap", s.reads)
+	}
+	want := ids(evs)
+	if !slices.Equal(db.applied, want) || db.mark != 9 {
+		t.Fatalf("applied %v (mark %d), want %v (mark 9)", db.applied, db.mark, want)
+	}
+}
+
+// At start every queue is compared and restored in one read of the
+// stream, not one per queue; the queues' lanes the workers then open go
+// on from the marks that read left, without reading again.
+func TestAStartRestoresEveryQueueInOneRead(t *testing.T) {
+	s := &stream{}
+	queues := []string{"q.0", "q.1", "q.2"}
+	dbs := map[string]*database{}
+	lane := func(q string) *Lane {
+		l := newLane(dbs[q], s)
+		l.queue = q
+		return l
+	}
+	evs := events(30)
+	for _, q := range queues {
+		dbs[q] = &database{}
+	}
+	// The queues' events interleave in the stream.
+	for i := 0; i < 10; i++ {
+		for k, q := range queues {
+			l := lane(q)
+			l.prev, l.synced = dbs[q].mark, true
+			applyAll(t, l, evs[3*i+k:3*i+k+1], 1)
+		}
+	}
+	for _, q := range queues {
+		dbs[q].lose(4)
+	}
+	j := &Journal{}
+	var lanes []*Lane
+	for _, q := range queues {
+		l := lane(q)
+		j.watch(l)
+		lanes = append(lanes, l)
+	}
+	reads := s.reads
+	applied, errs := recoverAll(t.Context(), s, lanes)
+	if len(errs) != 0 || s.reads != reads+1 {
+		t.Fatalf("errors %v after %d reads; want none after one read", errs, s.reads-reads)
+	}
+	for k, q := range queues {
+		if applied[q] != 4 || len(dbs[q].applied) != 10 || dbs[q].mark != 10 {
+			t.Errorf("%s: %d applied again, %d in the database, mark %d; want 4, 10, 10", q, applied[q], len(dbs[q].applied), dbs[q].mark)
+		}
+		if want := evs[3*9+k].ID; dbs[q].applied[9] != want {
+			t.Errorf("%s: last applied %s, want %s", q, dbs[q].applied[9], want)
+		}
+	}
+	for _, l := range lanes {
+		l.Close()
+	}
+	for i, q := range queues {
+		l := lane(q)
+		j.watch(l)
+		applyAll(t, l, events(31)[30:], 1)
+		if s.reads != reads+1 {
+			t.Fatalf("queue %d's next lane read the stream again", i)
+		}
+	}
+}
