@@ -46,3 +46,13 @@ type BatchLane interface {
 type Prober interface {
 	Probe(ctx context.Context) error
 }
+
+// journaledLane is a lane whose commits the worker acks only once it says
+// so: the journal's (journal.Lane), which writes each transaction's
+// entries to its stream after the commit, while the worker goes on with
+// the next transaction (adr/0014).
+type journaledLane interface {
+	// Journaled returns what is closed once every transaction the lane
+	// has committed so far may be acked; nil when all may be.
+	Journaled() <-chan struct{}
+}

@@ -27,8 +27,10 @@ func (l *amqpLoop) stop() {
 	}
 }
 
-func (l *amqpLoop) next(ended <-chan struct{}) happening {
+func (l *amqpLoop) next(ended, journaled <-chan struct{}) happening {
 	select {
+	case <-journaled:
+		return happening{Kind: hJournaled}
 	case d, ok := <-l.deliveries:
 		if ok {
 			return happening{Kind: hDelivery, D: d}

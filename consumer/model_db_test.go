@@ -181,6 +181,13 @@ func (a *mapp) attempt(ctx context.Context, evs []event.Event) (outs []event.Out
 					rp.blame, rp.mayBug = true, true // something was applied
 				}
 			}
+			if s.journal {
+				e := &mentries{msgs: map[string]bool{}, journaled: make(chan struct{})}
+				for _, ev := range evs {
+					e.msgs[s.db.message(ev).id] = true
+				}
+				rp.unjournaled = append(rp.unjournaled, e)
+			}
 		}
 		if p != nil {
 			panic(p)
@@ -189,6 +196,15 @@ func (a *mapp) attempt(ctx context.Context, evs []event.Event) (outs []event.Out
 	outs, err = s.db.apply(evs)
 	s.logf("r%d applies %d events from %s: %v", rp.id, len(evs), evs[0].ID, err)
 	return outs, err
+}
+
+// Journaled is the journal's: with it, what is closed once the entries of
+// every commit so far are confirmed.
+func (a *mapp) Journaled() <-chan struct{} {
+	if q := a.rp.unjournaled; len(q) > 0 {
+		return q[len(q)-1].journaled
+	}
+	return nil
 }
 
 func (a *mapp) Lane(time.Duration) event.Lane { return a }

@@ -56,13 +56,24 @@ type replica struct {
 	blame      bool
 	mayBug     bool           // a bug that panics on every message may cost one innocent's letter: nothing since applied
 	lonePanics map[string]int // attempts of one event alone that panicked, by event id
+	// unjournaled: with the journal, its commits whose entries the broker
+	// has not confirmed yet, oldest first.
+	unjournaled []*mentries
+}
+
+// mentries is one commit's entries on their way to the journal: closed
+// once the broker confirms them.
+type mentries struct {
+	msgs      map[string]bool // the messages applied (or found duplicates) in it
+	journaled chan struct{}
 }
 
 // stop is where a replica's worker stopped.
 type stop struct {
-	kind  stopKind
-	call  string          // stopCall: the port about to be called
-	ended <-chan struct{} // stopNext: the session's end, when watched
+	kind      stopKind
+	call      string          // stopCall: the port about to be called
+	ended     <-chan struct{} // stopNext: the session's end, when watched
+	journaled <-chan struct{} // stopNext: the journal's confirm, when watched
 }
 
 type stopKind int
@@ -87,6 +98,7 @@ type sim struct {
 	db        *mdb
 	reps      []*replica
 	gens      int
+	journal   bool // the replicas apply through a journaledLane
 	batchMax  int
 	linger    bool
 	maxBody   int
@@ -136,7 +148,7 @@ func (s *sim) start(rp *replica) {
 	rp.running, rp.ended, rp.sinceEnd, rp.armed = true, false, 0, false
 	rp.channelGone, rp.cancelNotice, rp.cancelSeen, rp.alarmCopies = false, false, false, 0
 	rp.failedCmd, rp.lastCall, rp.waitApply, rp.waitLetter, rp.blame, rp.mayBug = "", "", false, false, true, true
-	rp.nacked, rp.lonePanics = map[int]string{}, map[string]int{}
+	rp.nacked, rp.lonePanics, rp.unjournaled = map[int]string{}, map[string]int{}, nil
 	app := &mapp{s: s, rp: rp}
 	producers, _ := NewProducers("producer", "")
 	cfg := Config{BatchMax: s.batchMax, Instance: "r" + strconv.Itoa(rp.gen), ApplyTimeout: time.Second,
@@ -285,10 +297,50 @@ func (s *sim) ready(rp *replica) []happening {
 	if rp.armed {
 		hs = append(hs, happening{Kind: hTimer})
 	}
-	if rp.at.ended != nil && rp.ended {
+	if closed(rp.at.ended) { // the session's end, or the work's (flushLater)
 		hs = append(hs, happening{Kind: hEnded})
 	}
+	if closed(rp.at.journaled) {
+		hs = append(hs, happening{Kind: hJournaled})
+	}
 	return hs
+}
+
+// closed reports whether c is closed; a nil c is not.
+func closed(c <-chan struct{}) bool {
+	if c == nil {
+		return false
+	}
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// confirm: the broker confirms rp's oldest commit's entries in the
+// journal; false when none waits.
+func (s *sim) confirm(rp *replica) bool {
+	if !rp.running || len(rp.unjournaled) == 0 {
+		return false
+	}
+	e := rp.unjournaled[0]
+	rp.unjournaled = rp.unjournaled[1:]
+	close(e.journaled)
+	s.logf("r%d's journal entries of %d messages are confirmed", rp.id, len(e.msgs))
+	return true
+}
+
+// unjournaled reports whether rp applied m in a commit whose journal
+// entries are not confirmed yet.
+func (rp *replica) unjournaledHolds(m *mmsg) bool {
+	for _, e := range rp.unjournaled {
+		if e.msgs[m.id] {
+			return true
+		}
+	}
+	return false
 }
 
 // step makes one move of rp: resumes its worker from where it stopped,
@@ -353,8 +405,8 @@ type mloop struct {
 func (l *mloop) arm(time.Duration) { l.rp.armed = true }
 func (l *mloop) stop()             { l.rp.armed = false }
 
-func (l *mloop) next(ended <-chan struct{}) happening {
-	return l.rp.pause(stop{kind: stopNext, ended: ended})
+func (l *mloop) next(ended, journaled <-chan struct{}) happening {
+	return l.rp.pause(stop{kind: stopNext, ended: ended, journaled: journaled})
 }
 
 // arrived hands the worker, now and then, the next delivery the broker
@@ -623,8 +675,16 @@ func (s *sim) drain(rp *replica) bool {
 func (s *sim) progress() bool {
 	s.b.holders()
 	n := len(s.reps)
-	for _, i := range s.r.Perm(2*n + 1) {
+	moves := 2*n + 1
+	if s.journal {
+		moves += n // the journal confirms a replica's entries
+	}
+	for _, i := range s.r.Perm(moves) {
 		switch {
+		case i > 2*n:
+			if s.confirm(s.reps[i-2*n-1]) {
+				return true
+			}
 		case i == 2*n:
 			if s.b.deliver() {
 				return true

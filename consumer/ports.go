@@ -57,11 +57,12 @@ type happening struct {
 type happeningKind int
 
 const (
-	hDelivery happeningKind = iota // a delivery arrived
-	hGone                          // no more deliveries: the channel closed, or the broker cancelled the consumer
-	hTimer                         // the timer armed last is due
-	hEnded                         // the session ended
-	hClosed                        // the channel's close notification
+	hDelivery  happeningKind = iota // a delivery arrived
+	hGone                           // no more deliveries: the channel closed, or the broker cancelled the consumer
+	hTimer                          // the timer armed last is due
+	hEnded                          // the session ended
+	hClosed                         // the channel's close notification
+	hJournaled                      // what the first settlement waiting for the journal waits on is closed
 )
 
 // loopPort is where the worker's loop waits: *amqpLoop, which selects on
@@ -72,8 +73,9 @@ type loopPort interface {
 	// arm arms the timer to be due after d, in place of one armed before.
 	arm(d time.Duration)
 	// next waits for the next happening; the session's end is one when
-	// ended is closed (nil: not watched).
-	next(ended <-chan struct{}) happening
+	// ended is closed, and the journal's confirm one when journaled is
+	// (nil: not watched).
+	next(ended, journaled <-chan struct{}) happening
 	// arrived returns a delivery that has arrived already, without
 	// waiting: the worker gathers a batch with it.
 	arrived() (amqp.Delivery, bool)

@@ -42,6 +42,9 @@ type worker struct {
 	traceID string
 	blocked Blocked        // while the core retries in place
 	th      retry.Throttle // when to log a blocked queue
+	// later holds the settlements that wait for the journal's confirm of
+	// what they settle, in the order the core gave them (worker_journal.go).
+	later []command
 }
 
 // delivery is one delivery in hand, as the worker keeps it.
@@ -52,6 +55,9 @@ type delivery struct {
 	// abandoned: the answer to its dead letter's publish that an alarm
 	// cut short, for the parker.
 	abandoned <-chan error
+	// journaled: what is closed once the transaction that applied it is
+	// journaled (journaledLane); nil when there is nothing to wait for.
+	journaled <-chan struct{}
 }
 
 // run carries out the core's commands until it is finished: the session
@@ -73,8 +79,10 @@ func (w *worker) run(session context.Context) error {
 		if !w.told {
 			ended = session.Done()
 		}
-		h := w.loop.next(ended)
+		h := w.loop.next(ended, w.waitingOn())
 		switch h.Kind {
+		case hJournaled:
+			// advance sends what is due, one settlement a step.
 		case hDelivery:
 			w.take(h.D)
 			w.gather()
@@ -115,6 +123,12 @@ func (w *worker) advance() (time.Duration, stepState) {
 // now (ran); else it says whether the core waits for a timer (of delay),
 // is idle until something happens, or is done.
 func (w *worker) step() (delay time.Duration, state stepState, ran bool) {
+	if w.laterDue() {
+		// A settlement the journal held is due: it goes first, a step of
+		// its own, as each of the core's commands is.
+		w.sendFirst()
+		return 0, stepIdle, true
+	}
 	cmd := w.core.next()
 	switch cmd.Kind {
 	case cmdDone:
@@ -150,12 +164,14 @@ func (w *worker) fail(err error) {
 
 // channelClosed: the broker closed the channel (reason), or it was lost.
 func (w *worker) channelClosed(reason *amqp.Error) {
+	w.dropLater("the channel closed")
 	w.core.channelClosed()
 	w.fail(fmt.Errorf("queue %s: consumer channel closed: %v", w.queue, reason))
 }
 
 // cancelled: the broker cancelled the consumer, the channel still open.
 func (w *worker) cancelled() {
+	w.dropLater("the broker cancelled the consumer")
 	w.core.cancel()
 	w.fail(fmt.Errorf("queue %s: the broker cancelled the consumer", w.queue))
 }
@@ -225,6 +241,7 @@ func (w *worker) exec(cmd command) error {
 	switch cmd.Kind {
 	case cmdApply:
 		outs, err := w.apply(w.session, cmd.Slots)
+		w.awaitJournal(cmd.Slots) // a producer conflict's commit, too
 		w.core.applied(outs, err, event.ClassOf(w.session, err))
 		w.unblock()
 	case cmdCopy:
@@ -235,6 +252,28 @@ func (w *worker) exec(cmd command) error {
 		f, err := w.park(cmd.Slots[0])
 		w.core.copied(f, err)
 		w.unblock()
+	case cmdAck, cmdReject:
+		if w.deferred(cmd) {
+			return nil
+		}
+		return w.settle(cmd)
+	case cmdClose:
+		// Everything unsettled goes back together, in order; a close that
+		// fails has lost the channel, which returns it all the same. The
+		// settlements waiting for the journal go first, while it lasts;
+		// a channel that failed one has returned the rest already.
+		if !w.flushLater() {
+			w.settled(cmd.Settled, w.failed)
+			return nil
+		}
+		w.settled(cmd.Settled, w.ch.Close())
+	}
+	return nil
+}
+
+// settle sends the channel an ack or a reject of the core's.
+func (w *worker) settle(cmd command) error {
+	switch cmd.Kind {
 	case cmdAck:
 		id := w.eventID(cmd.Settled[0].Slot)
 		err := w.ch.Ack(cmd.Tag, cmd.Multiple)
@@ -252,10 +291,6 @@ func (w *worker) exec(cmd command) error {
 		if err != nil {
 			return fmt.Errorf("queue %s: reject event %s: %w", w.queue, id, err)
 		}
-	case cmdClose:
-		// Everything unsettled goes back together, in order; a close that
-		// fails has lost the channel, which returns it all the same.
-		w.settled(cmd.Settled, w.ch.Close())
 	}
 	return nil
 }

@@ -13,7 +13,8 @@ import (
 // Lane is a worker's database lane with the journal: it gives the events
 // it applies their queue's next sequences, moves the database's mark with
 // them in their transaction, and journals those the worker will ack
-// (applied, or duplicates) before Apply returns, so before the ack. Before
+// (applied, or duplicates) after the commit and before the ack, which
+// waits for Journaled. Before
 // its first attempt, and again whenever the database does not hold the
 // mark it went on from (event.ErrJournalGap), it applies the queue's
 // entries the database lacks, in the journal's order (Recover); while the
@@ -32,7 +33,8 @@ type Lane struct {
 	// they run take turns: a restore is over before the next event is
 	// applied, so each account's order holds.
 	mu     sync.Mutex
-	prev   int64 // the queue's last sequence, as the database holds it once synced
+	out    appender // the committed transactions' entries, on their way to the stream
+	prev   int64    // the queue's last sequence, as the database holds it once synced
 	synced bool
 	// seen is the mark the last Check saw while the lane was not synced
 	// (checked says there was one): a mark that moves meanwhile is moved
@@ -55,10 +57,20 @@ type store interface {
 // Wrap returns inner with the journal, for queue's worker. The journal's
 // watch checks the lane until it is closed, the first time at once.
 func (j *Journal) Wrap(queue string, inner event.MarkedLane, log *slog.Logger) *Lane {
-	l := &Lane{j: j, queue: queue, inner: inner, log: log}
+	l := makeLane(j, queue, inner, log)
 	j.watch(l)
 	return l
 }
+
+func makeLane(j store, queue string, inner event.MarkedLane, log *slog.Logger) *Lane {
+	return &Lane{j: j, queue: queue, inner: inner, log: log, out: appender{j: j, queue: queue, log: log}}
+}
+
+// Journaled returns what is closed once the entries of every transaction
+// the lane has committed so far are confirmed by the broker: until then,
+// the worker acks none of their events. Nil when all are confirmed. It
+// implements the consumer's journaledLane.
+func (l *Lane) Journaled() <-chan struct{} { return l.out.journaled() }
 
 // Apply applies ev, as the inner lane would, and journals it.
 func (l *Lane) Apply(ctx context.Context, ev event.Event) (event.Result, error) {
@@ -72,9 +84,10 @@ func (l *Lane) Apply(ctx context.Context, ev event.Event) (event.Result, error) 
 // ApplyBatch applies evs in one transaction, as the inner lane would,
 // and journals them: those the worker will ack, and, as entries that are
 // never applied again, those dead-lettered in that transaction (producer
-// conflicts). An error means the worker must not ack: nothing was
-// committed, or the journal could not take the entries (the retry finds
-// them duplicates and journals them then). A database that came back
+// conflicts). It returns once the transaction committed, with the entries
+// on their way to the stream (appender): the worker acks them once
+// Journaled says they are confirmed, and applies its next events
+// meanwhile. An error means nothing was committed. A database that came back
 // without commits it had (a failover, a restore) is found by the first
 // transaction on it, which fails with event.ErrJournalGap: the lane then
 // reads the journal again and applies what is missing first.
@@ -105,9 +118,7 @@ func (l *Lane) ApplyBatch(ctx context.Context, evs []event.Event) ([]event.Outco
 		for i, o := range outs {
 			entries[i] = Entry{Queue: l.queue, Seq: m.Prev + 1 + int64(i), Event: evs[i], Dead: o.Err != nil}
 		}
-		if err := l.j.Append(ctx, entries); err != nil {
-			return nil, event.Transient(err)
-		}
+		l.out.add(entries)
 		return outs, nil
 	}
 }
@@ -123,14 +134,15 @@ func (l *Lane) ApplyBatch(ctx context.Context, evs []event.Event) ([]event.Outco
 // is then no longer synced, and reads the journal before it applies
 // again, in case the database loses what the other reader had moved.
 //
-// A lane whose worker is applying is passed over: its transaction checks
-// the mark itself, and the worker never waits for the watch to read it.
+// A lane whose worker is applying, or whose entries are on their way, is
+// passed over: its next transaction checks the mark itself, and the
+// worker never waits for the watch to read it.
 func (l *Lane) Check(ctx context.Context) (int, error) {
 	if !l.mu.TryLock() {
 		return 0, nil
 	}
 	defer l.mu.Unlock()
-	if l.closed {
+	if l.closed || l.out.busy() {
 		return 0, nil
 	}
 	read, cancel := context.WithTimeout(ctx, markReadFor)
@@ -179,6 +191,7 @@ func (l *Lane) Mark() int64 {
 // Close closes the inner lane; the journal's watch forgets the lane, and
 // keeps its mark for the queue's next lane.
 func (l *Lane) Close() {
+	l.out.close()
 	l.mu.Lock()
 	l.closed = true
 	l.inner.Close()

@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -101,14 +103,35 @@ func (l modelLane) ApplyMarked(_ context.Context, evs []event.Event, m event.Mar
 type stream struct {
 	entries []Entry
 	head    time.Time // when its first entry was written
-	fail    error
 	reads   int
 	page    int    // entries per page; 2 when 0
 	atPage  func() // runs before each page is handed over
+
+	// The lane's appender writes from a goroutine of its own: the
+	// failure to answer with and the writes refused go by mu.
+	mu      sync.Mutex
+	fail    error
+	refused int
+}
+
+// refuse has every write fail with err from now on (nil: none).
+func (s *stream) refuse(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fail = err
+}
+
+func (s *stream) refusals() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.refused
 }
 
 func (s *stream) Append(_ context.Context, entries []Entry) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.fail != nil {
+		s.refused++
 		return s.fail
 	}
 	if s.head.IsZero() {
@@ -165,7 +188,7 @@ func (s *stream) trim(n int) {
 }
 
 func newLane(db *database, s *stream) *Lane {
-	return &Lane{j: s, queue: "q.0", inner: modelLane{db}, log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	return makeLane(s, "q.0", modelLane{db}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 }
 
 func events(n int) []event.Event {
@@ -185,10 +208,33 @@ func ids(evs []event.Event) []string {
 	return out
 }
 
+// applyBatch applies evs as the worker does, and waits, as its ack does,
+// until their entries are confirmed.
+func applyBatch(t *testing.T, l *Lane, evs []event.Event) ([]event.Outcome, error) {
+	t.Helper()
+	outs, err := l.ApplyBatch(t.Context(), evs)
+	if err == nil {
+		waitJournaled(t, l)
+	}
+	return outs, err
+}
+
+// waitJournaled waits until l's entries are confirmed, for a minute at most.
+func waitJournaled(t *testing.T, l *Lane) {
+	t.Helper()
+	if c := l.Journaled(); c != nil {
+		select {
+		case <-c:
+		case <-time.After(time.Minute):
+			t.Fatal("the entries were not confirmed within a minute")
+		}
+	}
+}
+
 func applyAll(t *testing.T, l *Lane, evs []event.Event, batch int) {
 	t.Helper()
 	for i := 0; i < len(evs); i += batch {
-		if _, err := l.ApplyBatch(t.Context(), evs[i:min(i+batch, len(evs))]); err != nil {
+		if _, err := applyBatch(t, l, evs[i:min(i+batch, len(evs))]); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -232,7 +278,7 @@ func TestADeadLetteredEntryIsNeverAppliedAgain(t *testing.T) {
 	l := newLane(db, st)
 	evs := events(4)
 	for _, ev := range evs {
-		_, _ = l.ApplyBatch(t.Context(), []event.Event{ev})
+		_, _ = applyBatch(t, l, []event.Event{ev})
 	}
 	var seqs []int64
 	for _, e := range st.entries {
@@ -254,20 +300,44 @@ func TestADeadLetteredEntryIsNeverAppliedAgain(t *testing.T) {
 	}
 }
 
-// An entry the journal could not take is never acked: the attempt fails
-// as the environment's, and the retry, a duplicate, is journaled then.
-func TestAnEventTheJournalDidNotTakeIsNotAcked(t *testing.T) {
-	db, s := &database{}, &stream{fail: errors.New("stream down")}
+// The lane returns once a transaction committed, and the worker's ack
+// waits for Journaled. While the stream refuses the entries, Journaled
+// stays open, and the next transaction's entries wait behind: the write is
+// tried again with the same entries under the same sequences, and once
+// the stream takes them, every entry is there once, in the order of the
+// commits.
+func TestEntriesTheStreamRefusedAreWrittenAgainBeforeTheAck(t *testing.T) {
+	db, s := &database{}, &stream{}
 	l := newLane(db, s)
-	ev := events(1)
-	_, err := l.ApplyBatch(t.Context(), ev)
-	if event.ClassOf(t.Context(), err) != event.ClassTransient {
-		t.Fatalf("%v, want a transient error", err)
+	defer l.Close()
+	applyAll(t, l, events(1), 1) // the first read of the stream
+	s.refuse(errors.New("stream down"))
+	evs := events(4)
+	for _, b := range [][]event.Event{evs[1:3], evs[3:]} {
+		if _, err := l.ApplyBatch(t.Context(), b); err != nil {
+			t.Fatal(err)
+		}
 	}
-	s.fail = nil
-	outs, err := l.ApplyBatch(t.Context(), ev)
-	if err != nil || !outs[0].Duplicate || len(s.entries) != 1 || s.entries[0].Seq != 2 {
-		t.Fatalf("retry: %v %v, entries %+v; want a duplicate journaled as entry 2", outs, err, s.entries)
+	journaled := l.Journaled()
+	for deadline := time.Now().Add(time.Minute); s.refusals() < 2; {
+		if time.Now().After(deadline) {
+			t.Fatal("the refused write was not tried again within a minute")
+		}
+		runtime.Gosched()
+	}
+	select {
+	case <-journaled:
+		t.Fatal("journaled while the stream refuses every write")
+	default:
+	}
+	s.refuse(nil)
+	waitJournaled(t, l)
+	var seqs []int64
+	for _, e := range s.entries {
+		seqs = append(seqs, e.Seq)
+	}
+	if !slices.Equal(seqs, []int64{1, 2, 3, 4}) || !slices.Equal(db.applied, ids(evs)) {
+		t.Fatalf("entries %v, applied %v; want 1 2 3 4, each event once", seqs, db.applied)
 	}
 }
 
@@ -284,7 +354,7 @@ func TestTheJournalIsReadOnlyWhenTheDatabaseLacksTheMark(t *testing.T) {
 	}
 	db.down = errors.New("connection refused")
 	for range 3 {
-		if _, err := l.ApplyBatch(t.Context(), events(4)[3:]); err == nil {
+		if _, err := applyBatch(t, l, events(4)[3:]); err == nil {
 			t.Fatal("applied with the database down")
 		}
 	}
@@ -314,14 +384,14 @@ func TestAJournalThatDoesNotReachBackHoldsTheQueue(t *testing.T) {
 	applyAll(t, l, evs, 1)
 	db.lose(6) // the database holds up to entry 4
 	s.trim(7)  // the journal from entry 8
-	_, err := l.ApplyBatch(t.Context(), events(11)[10:])
+	_, err := applyBatch(t, l, events(11)[10:])
 	var short *ShortError
 	if !errors.As(err, &short) || short.Missing() != 3 || short.Mark != 4 || short.First != 8 {
 		t.Fatalf("%v, want a ShortError of 3 events (5 to 7)", err)
 	}
 	reads := s.reads
 	for range 3 { // the worker's retries while the queue waits
-		if _, err := l.ApplyBatch(t.Context(), events(11)[10:]); !errors.As(err, &short) {
+		if _, err := applyBatch(t, l, events(11)[10:]); !errors.As(err, &short) {
 			t.Fatalf("retry: %v, want the ShortError again", err)
 		}
 	}

@@ -57,6 +57,16 @@ func (l *Lane) Recover(ctx context.Context) (int, error) {
 }
 
 func (l *Lane) recoverAgain(ctx context.Context) (int, error) {
+	// The lane's own entries on their way go first: what the database
+	// lost of them is restored with the rest. A stream that does not take
+	// them holds the restore only so long: the worker's retry waits its
+	// backoff, visibly, and comes back.
+	flush, cancel := context.WithTimeout(ctx, flushFor)
+	err := l.out.flush(flush)
+	cancel()
+	if err != nil {
+		return 0, fmt.Errorf("journal: the entries on their way to %s's journal were not confirmed within %s: %w", l.queue, flushFor, err)
+	}
 	for try := 1; ; try++ {
 		n, err := l.recover(ctx)
 		if !errors.Is(err, event.ErrJournalGap) || try == 5 {
@@ -124,6 +134,10 @@ func (l *Lane) AcceptLoss(ctx context.Context, short *ShortError) error {
 	_, err := l.inner.ApplyMarked(ctx, nil, event.Mark{Queue: l.queue, Prev: short.Mark, Last: short.First - 1})
 	return err
 }
+
+// flushFor bounds how long a restore waits for the lane's own entries on
+// their way to the stream.
+const flushFor = 10 * time.Second
 
 // errFromStart: the read began after the queue's first entry above the
 // mark; it is read again from the stream's start.
