@@ -166,7 +166,11 @@ func (s *sim) start(rp *replica) {
 	session, endSession := context.WithCancel(context.Background())
 	work, endWork := context.WithCancelCause(context.Background())
 	rp.endSession, rp.endWork = endSession, endWork
-	rp.cons = &mconsumer{rep: rp, prefetch: max(1, s.batchMax), held: map[uint64]*mmsg{}, keys: map[uint64]int{}}
+	prefetch := max(1, s.batchMax)
+	if s.journal {
+		prefetch = prefetchFor(s.batchMax, app) // the service's, with the journal's lane
+	}
+	rp.cons = &mconsumer{rep: rp, prefetch: prefetch, held: map[uint64]*mmsg{}, keys: map[uint64]int{}}
 	s.b.consumers = append(s.b.consumers, rp.cons)
 	rp.w = &worker{svc: svc, queue: "q", tag: cfg.Instance + "/q", work: work,
 		ch: &mchannel{s: s, rp: rp}, loop: &mloop{s: s, rp: rp}, letters: &mletters{s: s, rp: rp}, parker: app,

@@ -86,3 +86,29 @@ func TestAPanicRenewsOnlyWhatAWrappingLaneWraps(t *testing.T) {
 		t.Fatalf("what the wrapping lane wraps was not closed and replaced")
 	}
 }
+
+// journalLane stands for the journal's lane: its commits are acked once
+// Journaled says so.
+type journalLane struct{ event.Lane }
+
+func (journalLane) Journaled() <-chan struct{} { return nil }
+
+// With the journal and batches, the prefetch is twice BATCH_MAX, so that
+// the next batch arrives while one's acks wait for the journal; at
+// BATCH_MAX 1, and without the journal, it is BATCH_MAX.
+func TestThePrefetchMakesRoomForAcksThatWaitForTheJournal(t *testing.T) {
+	for _, tt := range []struct {
+		batchMax int
+		lane     event.Lane
+		want     int
+	}{
+		{0, nil, 1},
+		{1, journalLane{}, 1},
+		{50, nil, 50},
+		{50, journalLane{}, 100},
+	} {
+		if got := prefetchFor(tt.batchMax, tt.lane); got != tt.want {
+			t.Errorf("BATCH_MAX %d, lane %T: prefetch %d, want %d", tt.batchMax, tt.lane, got, tt.want)
+		}
+	}
+}
