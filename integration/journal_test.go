@@ -136,6 +136,44 @@ func TestAStreamThatRefusesTheJournalHoldsTheAcksUntilItHeals(t *testing.T) {
 	}
 }
 
+// A stream deleted under the running service does not swallow the
+// journal: its entries come back unroutable instead of being confirmed
+// into nothing, the write is tried again on a new channel, which declares
+// the stream again, and every event acked after the deletion is in the new
+// stream. (Published to the default exchange without mandatory, they were
+// confirmed and dropped, and their events acked unjournaled.)
+func TestAStreamDeletedUnderTheServiceLosesNoEntry(t *testing.T) {
+	parallel(t)
+	e := newEnv(t)
+	e.declare(2)
+	stream := prefix + ".journal"
+	proc := startProcess(t, e.serviceEnv(2, "INSTANCE_NAME="+e.name+"-svc", "JOURNAL_STREAM="+stream))
+	proc.waitConsuming(1)
+	before := e.publishMany(20, 4)
+	waitFor(t, 30*time.Second, "the first events applied and acked", func() bool {
+		return e.inboxCount() == len(before) && proc.count("outcome", "applied") == len(before)
+	})
+	e.b.mgmt(t, http.MethodDelete, "/api/queues/"+url.PathEscape(e.vhost)+"/"+url.PathEscape(stream), nil, nil)
+	after := e.publishMany(40, 4)
+	all := append(before, after...)
+	waitFor(t, 60*time.Second, "every event applied and acked", func() bool {
+		return e.inboxCount() == len(all) && proc.count("outcome", "applied") == len(all)
+	})
+	if n := proc.count("msg", journalRefused); n == 0 {
+		t.Errorf("the service did not say the stream refused an entry")
+	}
+	if err := proc.stop(syscall.SIGTERM, 20*time.Second); err != nil {
+		t.Errorf("exit after SIGTERM: %v", err)
+	}
+	e.checkExactlyOnce(all)
+	journaled := e.journaled([]string{e.amqpURL}, stream)
+	for _, tr := range after {
+		if !journaled[tr.EventID] {
+			t.Errorf("event %s, acked after the stream was deleted, is not in the stream declared again", tr.EventID)
+		}
+	}
+}
+
 // journalRefused is what the service logs when the stream did not take a
 // transaction's entries.
 const journalRefused = "journal: the stream did not take a transaction's entries; its events are not acked, and the write is tried again"

@@ -101,6 +101,9 @@ type Journal struct {
 	mu   sync.Mutex
 	conn *amqp.Connection
 	ch   *amqp.Channel // in confirm mode; nil until opened, and after a failure
+	ans  *answers      // ch's answers (publish.go)
+	// pubMu keeps each publish on ch with the delivery tag it reads first.
+	pubMu sync.Mutex
 
 	// The watch's (watch.go): the lanes open, the marks the last lane of
 	// each queue closed synced at, and its kick.
@@ -126,18 +129,18 @@ func (c Config) Args() amqp.Table {
 	return args
 }
 
-// channel returns the publishing channel, connecting and declaring the
-// stream first when there is none.
-func (j *Journal) channel() (*amqp.Channel, error) {
+// channel returns the publishing channel and its answers, connecting and
+// declaring the stream first when there is none.
+func (j *Journal) channel() (*amqp.Channel, *answers, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.ch != nil && !j.ch.IsClosed() {
-		return j.ch, nil
+		return j.ch, j.ans, nil
 	}
 	j.closeLocked()
 	conn, err := j.cfg.Dial()
 	if err != nil {
-		return nil, fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
+		return nil, nil, fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
 	}
 	ch, err := conn.Channel()
 	if err == nil {
@@ -148,10 +151,10 @@ func (j *Journal) channel() (*amqp.Channel, error) {
 	}
 	if err != nil {
 		conn.Close()
-		return nil, fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
+		return nil, nil, fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
 	}
-	j.conn, j.ch = conn, ch
-	return ch, nil
+	j.conn, j.ch, j.ans = conn, ch, follow(ch)
+	return ch, j.ans, nil
 }
 
 // declare declares the stream with its arguments, or with Declare false
@@ -169,7 +172,7 @@ func (j *Journal) closeLocked() {
 	if j.conn != nil {
 		j.conn.Close()
 	}
-	j.conn, j.ch = nil, nil
+	j.conn, j.ch, j.ans = nil, nil, nil
 }
 
 // Close closes the journal's connection.
@@ -201,29 +204,40 @@ func (j *Journal) Append(ctx context.Context, entries []Entry) error {
 	if err != nil {
 		return fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
 	}
-	ch, err := j.channel()
+	ch, ans, err := j.channel()
 	if err != nil {
 		return err
 	}
-	confirms := make([]*amqp.DeferredConfirmation, len(msgs))
+	answers := make([]<-chan error, len(msgs))
 	for i, m := range msgs {
-		confirms[i], err = ch.PublishWithDeferredConfirmWithContext(ctx, "", j.cfg.Stream, false, false, m)
-		if err != nil {
+		if answers[i], err = j.publish(ctx, ch, ans, m); err != nil {
 			j.fail(ch)
 			return fmt.Errorf("journal %s: publish: %w", j.cfg.Stream, err)
 		}
 	}
-	for _, c := range confirms {
-		acked, err := c.WaitContext(ctx)
-		if err != nil {
-			j.fail(ch)
-			return fmt.Errorf("journal %s: confirm: %w", j.cfg.Stream, err)
-		}
-		if !acked {
-			return fmt.Errorf("journal %s: the broker refused an entry (nack)", j.cfg.Stream)
+	for _, a := range answers {
+		if err := j.answer(ctx, ch, a); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// answer waits for a publish's answer on ch; a channel that gave no
+// confirm, or whose message did not reach the stream, is dropped, and the
+// next use opens another, declaring the stream again.
+func (j *Journal) answer(ctx context.Context, ch *amqp.Channel, a <-chan error) error {
+	select {
+	case err := <-a:
+		if err != nil {
+			j.fail(ch)
+			return fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
+		}
+		return nil
+	case <-ctx.Done():
+		j.fail(ch)
+		return fmt.Errorf("journal %s: confirm: %w", j.cfg.Stream, ctx.Err())
+	}
 }
 
 // messages encodes entries as journal messages: each holds consecutive

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 
@@ -65,25 +64,21 @@ func (j *Journal) readAll(ctx context.Context, since time.Time, wants map[string
 	for _, w := range wants {
 		w.found = Found{Tail: w.after, FromStart: since.IsZero()}
 	}
-	ch, err := j.channel()
+	ch, ans, err := j.channel()
 	if err != nil {
 		return err
 	}
 	fence := make([]byte, 16)
 	_, _ = rand.Read(fence)
 	id := hex.EncodeToString(fence)
-	c, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", j.cfg.Stream, false, false, amqp.Publishing{
+	a, err := j.publish(ctx, ch, ans, amqp.Publishing{
 		Headers: amqp.Table{hFence: id}, DeliveryMode: amqp.Persistent, Timestamp: time.Now()})
-	if err == nil {
-		var acked bool
-		acked, err = c.WaitContext(ctx)
-		if err == nil && !acked {
-			err = errors.New("the broker refused the fence (nack)")
-		}
-	}
 	if err != nil {
 		j.fail(ch)
 		return fmt.Errorf("journal %s: fence: %w", j.cfg.Stream, err)
+	}
+	if err := j.answer(ctx, ch, a); err != nil {
+		return fmt.Errorf("fence: %w", err)
 	}
 
 	j.mu.Lock()
