@@ -158,6 +158,7 @@ func serve(ctx context.Context, cfg config.Config, migrations fs.FS, stderr io.W
 	ccfg.ObserveBatch = m.Batch
 	ccfg.Tracer = tracer
 	inbox := db.NewInbox(database)
+	var svc *consumer.Service // the journal's lanes report to it; they open once it runs
 	if jr != nil {
 		// Every queue is compared with the journal, and restored, in one
 		// read of the stream before any is consumed (adr/0014).
@@ -171,10 +172,11 @@ func serve(ctx context.Context, cfg config.Config, migrations fs.FS, stderr io.W
 		ccfg.Journal = func(queue string, l event.Lane) event.Lane {
 			jl := jr.Wrap(queue, l.(event.MarkedLane), log) // the database's lanes are
 			jl.Restored = m.Restored
+			jl.Stalled, jl.Healed = svc.JournalStalled, svc.JournalHealed
 			return jl
 		}
 	}
-	svc := consumer.New(ccfg, inbox)
+	svc = consumer.New(ccfg, inbox)
 	h.Service(svc)
 
 	wg.Add(1)

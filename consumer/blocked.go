@@ -26,13 +26,19 @@ type Blocked struct {
 	Attempts int
 }
 
-// blocked returns the queues blocked now, by name.
+// blocked returns the queues blocked now, by name: by their message in
+// hand, or else by the journal.
 func (s *Service) blocked() []Blocked {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make([]Blocked, 0, len(s.blockedQ))
+	out := make([]Blocked, 0, len(s.blockedQ)+len(s.journalQ))
 	for _, b := range s.blockedQ {
 		out = append(out, b)
+	}
+	for q, b := range s.journalQ {
+		if _, ok := s.blockedQ[q]; !ok {
+			out = append(out, b)
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Queue < out[j].Queue })
 	return out
@@ -48,6 +54,25 @@ func (s *Service) clearBlocked(queue string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.blockedQ, queue)
+}
+
+// JournalStalled reports queue blocked because the journal's stream did
+// not take its entries (attempts tries since since; eventID is the first
+// entry's event): its acks wait meanwhile (adr/0014). Readiness and the
+// metrics show it as any queue the environment blocks, until
+// JournalHealed.
+func (s *Service) JournalStalled(queue string, since time.Time, attempts int, eventID string, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.journalQ[queue] = Blocked{Queue: queue, EventID: eventID, Since: since, Class: event.ClassTransient,
+		Reason: "the journal's stream does not take the queue's entries, so its acks wait: " + err.Error(), Attempts: attempts}
+}
+
+// JournalHealed: the journal's stream takes queue's entries again.
+func (s *Service) JournalHealed(queue string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.journalQ, queue)
 }
 
 // logBlocked logs b's failed attempt when th says it is due: failures of

@@ -38,6 +38,7 @@ type Service struct {
 
 	mu       sync.Mutex
 	blockedQ map[string]Blocked // by queue
+	journalQ map[string]Blocked // by queue: the journal's stream does not take its entries
 
 	drainNow chan struct{} // a commit left a dead letter in the outbox: drain it now
 }
@@ -98,7 +99,7 @@ func New(cfg Config, app Applier) *Service {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	s := &Service{cfg: cfg, app: app, log: log, blockedQ: map[string]Blocked{}, drainNow: make(chan struct{}, 1),
+	s := &Service{cfg: cfg, app: app, log: log, blockedQ: map[string]Blocked{}, journalQ: map[string]Blocked{}, drainNow: make(chan struct{}, 1),
 		checker: &topology.Checker{Spec: cfg.Topology, Management: cfg.Management, Log: log}}
 	s.dlqDepth.Store(-1)
 	return s

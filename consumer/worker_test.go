@@ -2,7 +2,9 @@ package consumer
 
 import (
 	"context"
+	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -110,5 +112,28 @@ func TestThePrefetchMakesRoomForAcksThatWaitForTheJournal(t *testing.T) {
 		if got := prefetchFor(tt.batchMax, tt.lane); got != tt.want {
 			t.Errorf("BATCH_MAX %d, lane %T: prefetch %d, want %d", tt.batchMax, tt.lane, got, tt.want)
 		}
+	}
+}
+
+// A queue whose journal stalls is reported blocked, as one its message in
+// hand blocks is, once: the message's own report goes first; healed, the
+// journal's report is gone.
+func TestAStalledJournalBlocksItsQueueOnce(t *testing.T) {
+	s := New(Config{}, nil)
+	since := time.Now()
+	s.JournalStalled("q.1", since, 3, "ev-1", errors.New("stream down"))
+	got := s.State().Blocked
+	if len(got) != 1 || got[0].Queue != "q.1" || got[0].EventID != "ev-1" || got[0].Attempts != 3 ||
+		got[0].Class != event.ClassTransient || !strings.Contains(got[0].Reason, "journal") {
+		t.Fatalf("blocked %+v; want q.1 blocked by its journal", got)
+	}
+	s.setBlocked(Blocked{Queue: "q.1", EventID: "ev-0", Class: event.ClassTransient, Reason: "database down", Attempts: 1})
+	if got := s.State().Blocked; len(got) != 1 || got[0].EventID != "ev-0" {
+		t.Fatalf("blocked %+v; want q.1 once, by its message in hand", got)
+	}
+	s.clearBlocked("q.1")
+	s.JournalHealed("q.1")
+	if got := s.State().Blocked; len(got) != 0 {
+		t.Fatalf("blocked %+v after the journal healed; want none", got)
 	}
 }

@@ -85,10 +85,12 @@ func TestFailoverToAnAsynchronousStandbyWithTheJournalLosesNothing(t *testing.T)
 // While the stream does not take the journal's entries, nothing is acked
 // and nothing is dead-lettered: the events go on being applied as far as
 // the prefetch holds, their acks wait, and the write is tried again in
-// place. Here the service's user loses its permissions on the stream and
-// the journal's connection is closed, so the journal cannot open its
-// stream again; once the permissions are back, the entries are written,
-// the acks go out, and every event is applied once and is in the journal.
+// place, and /readyz names the queue the journal blocks. Here the
+// service's user loses its permissions on the stream and the journal's
+// connection is closed, so the journal cannot open its stream again; once
+// the permissions are back, the entries are written, the acks go out, the
+// service is ready again, and every event is applied once and is in the
+// journal.
 func TestAStreamThatRefusesTheJournalHoldsTheAcksUntilItHeals(t *testing.T) {
 	parallel(t)
 	e := newEnv(t)
@@ -115,12 +117,27 @@ func TestAStreamThatRefusesTheJournalHoldsTheAcksUntilItHeals(t *testing.T) {
 	if n := proc.count("outcome", "applied"); n != len(before) {
 		t.Fatalf("%d events acked while the stream refuses the journal, want the first %d only", n, len(before))
 	}
+	base := proc.httpAddr()
+	var ready map[string]any
+	waitFor(t, 30*time.Second, "/readyz 503 naming a queue the journal blocks", func() bool {
+		if getJSON(t, base+"/readyz", &ready) != 503 {
+			return false
+		}
+		blocked, _ := ready["blocked_queues"].([]any)
+		for _, b := range blocked {
+			if strings.Contains(fmt.Sprint(b.(map[string]any)["reason"]), "journal") {
+				return true
+			}
+		}
+		return false
+	})
 
 	e.setPermissions(user, withJournal)
 	all := append(before, after...)
 	waitFor(t, 60*time.Second, "every event applied and acked once the stream takes the journal again", func() bool {
 		return e.inboxCount() == len(all) && proc.count("outcome", "applied") == len(all)
 	})
+	waitFor(t, 30*time.Second, "ready again", func() bool { return getJSON(t, base+"/readyz", &ready) == 200 })
 	if err := proc.stop(syscall.SIGTERM, 20*time.Second); err != nil {
 		t.Errorf("exit after SIGTERM: %v", err)
 	}

@@ -25,6 +25,10 @@ type appender struct {
 	j     store
 	queue string
 	log   *slog.Logger
+	// stalled is told of each write the stream did not take, healed of
+	// the first it took after (the lane's Stalled and Healed).
+	stalled func(since time.Time, attempts int, first Entry, err error)
+	healed  func()
 
 	mu      sync.Mutex
 	waiting []outgoing    // queued, oldest first, not yet in a write
@@ -139,18 +143,24 @@ func (a *appender) run(ctx context.Context) {
 // lane closed first.
 func (a *appender) write(ctx context.Context, entries []Entry) bool {
 	var th retry.Throttle
+	var since time.Time
 	for attempt := 0; ; attempt++ {
 		err := a.j.Append(ctx, entries)
 		if err == nil {
 			if attempt > 0 {
 				a.log.Info("journal: the stream took the entries it had refused", "queue", a.queue,
 					"from_seq", entries[0].Seq, "attempts", attempt+1)
+				a.healed()
 			}
 			return true
 		}
 		if ctx.Err() != nil {
 			return false
 		}
+		if attempt == 0 {
+			since = time.Now()
+		}
+		a.stalled(since, attempt+1, entries[0], err)
 		if due, _ := th.Due(attempt+1, err.Error()); due {
 			a.log.Warn("journal: the stream did not take a transaction's entries; its events are not acked, and the write is tried again",
 				"queue", a.queue, "from_seq", entries[0].Seq, "to_seq", entries[len(entries)-1].Seq,

@@ -310,6 +310,18 @@ func TestEntriesTheStreamRefusedAreWrittenAgainBeforeTheAck(t *testing.T) {
 	db, s := &database{}, &stream{}
 	l := newLane(db, s)
 	defer l.Close()
+	var mu sync.Mutex
+	var stalls []string // what the lane said: "stalled <event> <tries>" and "healed"
+	l.Stalled = func(q string, _ time.Time, attempts int, eventID string, _ error) {
+		mu.Lock()
+		defer mu.Unlock()
+		stalls = append(stalls, fmt.Sprintf("stalled %s %d", eventID, attempts))
+	}
+	l.Healed = func(string) {
+		mu.Lock()
+		defer mu.Unlock()
+		stalls = append(stalls, "healed")
+	}
 	applyAll(t, l, events(1), 1) // the first read of the stream
 	s.refuse(errors.New("stream down"))
 	evs := events(4)
@@ -338,6 +350,12 @@ func TestEntriesTheStreamRefusedAreWrittenAgainBeforeTheAck(t *testing.T) {
 	}
 	if !slices.Equal(seqs, []int64{1, 2, 3, 4}) || !slices.Equal(db.applied, ids(evs)) {
 		t.Fatalf("entries %v, applied %v; want 1 2 3 4, each event once", seqs, db.applied)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	n := len(stalls)
+	if n < 3 || stalls[0] != "stalled ev-001 1" || stalls[1] != "stalled ev-001 2" || stalls[n-1] != "healed" {
+		t.Errorf("the lane said %v; want it stalled at ev-001 on each refused write, then healed", stalls)
 	}
 }
 
