@@ -26,7 +26,8 @@ type appender struct {
 	queue string
 	log   *slog.Logger
 	// stalled is told of each write the stream did not take, healed of
-	// the first it took after (the lane's Stalled and Healed).
+	// the first it took after, or of the lane closing meanwhile (the
+	// lane's Stalled and Healed).
 	stalled func(since time.Time, attempts int, first Entry, err error)
 	healed  func()
 
@@ -155,6 +156,9 @@ func (a *appender) write(ctx context.Context, entries []Entry) bool {
 			return true
 		}
 		if ctx.Err() != nil {
+			if attempt > 0 {
+				a.healed() // the lane closes: no one waits on its entries now
+			}
 			return false
 		}
 		if attempt == 0 {
@@ -171,6 +175,7 @@ func (a *appender) write(ctx context.Context, entries []Entry) bool {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
+			a.healed()
 			return false
 		}
 	}

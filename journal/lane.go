@@ -35,8 +35,6 @@ type Lane struct {
 	// the queue blocked.
 	Stalled func(queue string, since time.Time, attempts int, eventID string, err error)
 	Healed  func(queue string)
-	stall   bool // Stalled was told last, not Healed
-	stallMu sync.Mutex
 
 	// mu makes the worker's applies, the watch's checks and the restores
 	// they run take turns: a restore is over before the next event is
@@ -73,26 +71,18 @@ func (j *Journal) Wrap(queue string, inner event.MarkedLane, log *slog.Logger) *
 
 func makeLane(j store, queue string, inner event.MarkedLane, log *slog.Logger) *Lane {
 	l := &Lane{j: j, queue: queue, inner: inner, log: log}
-	l.out = appender{j: j, queue: queue, log: log, stalled: l.stalled, healed: l.healed}
+	l.out = appender{j: j, queue: queue, log: log,
+		stalled: func(since time.Time, attempts int, first Entry, err error) {
+			if l.Stalled != nil {
+				l.Stalled(queue, since, attempts, first.Event.ID, err)
+			}
+		},
+		healed: func() {
+			if l.Healed != nil {
+				l.Healed(queue)
+			}
+		}}
 	return l
-}
-
-func (l *Lane) stalled(since time.Time, attempts int, first Entry, err error) {
-	l.stallMu.Lock()
-	defer l.stallMu.Unlock()
-	l.stall = true
-	if l.Stalled != nil {
-		l.Stalled(l.queue, since, attempts, first.Event.ID, err)
-	}
-}
-
-func (l *Lane) healed() {
-	l.stallMu.Lock()
-	defer l.stallMu.Unlock()
-	if l.stall && l.Healed != nil {
-		l.Healed(l.queue)
-	}
-	l.stall = false
 }
 
 // Journaled returns what is closed once the entries of every transaction
@@ -221,7 +211,6 @@ func (l *Lane) Mark() int64 {
 // keeps its mark for the queue's next lane.
 func (l *Lane) Close() {
 	l.out.close()
-	l.healed() // what it reported stalled is no one's to wait for now
 	l.mu.Lock()
 	l.closed = true
 	l.inner.Close()

@@ -2,8 +2,6 @@ package journal
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -110,18 +108,9 @@ func (a *answers) await(tag uint64) <-chan error {
 	return w
 }
 
-// nonce makes the journal's message ids unlike another process's (idOf).
-var nonce = newNonce()
-
-func newNonce() string {
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
 // idOf is the message id of the publish of delivery tag on a channel:
 // unique within the channel, which is where its return comes back.
-func idOf(tag uint64) string { return nonce + "-" + strconv.FormatUint(tag, 10) }
+func idOf(tag uint64) string { return "journal-" + strconv.FormatUint(tag, 10) }
 
 // publish publishes msg to the stream, mandatory, on ch, whose answers a
 // follows, and returns what waits for its answer: nil once the broker
