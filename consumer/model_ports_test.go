@@ -61,13 +61,6 @@ type replica struct {
 	unjournaled []*mentries
 }
 
-// mentries is one commit's entries on their way to the journal: closed
-// once the broker confirms them.
-type mentries struct {
-	msgs      map[string]bool // the messages applied (or found duplicates) in it
-	journaled chan struct{}
-}
-
 // stop is where a replica's worker stopped.
 type stop struct {
 	kind      stopKind
@@ -308,43 +301,6 @@ func (s *sim) ready(rp *replica) []happening {
 		hs = append(hs, happening{Kind: hJournaled})
 	}
 	return hs
-}
-
-// closed reports whether c is closed; a nil c is not.
-func closed(c <-chan struct{}) bool {
-	if c == nil {
-		return false
-	}
-	select {
-	case <-c:
-		return true
-	default:
-		return false
-	}
-}
-
-// confirm: the broker confirms rp's oldest commit's entries in the
-// journal; false when none waits.
-func (s *sim) confirm(rp *replica) bool {
-	if !rp.running || len(rp.unjournaled) == 0 {
-		return false
-	}
-	e := rp.unjournaled[0]
-	rp.unjournaled = rp.unjournaled[1:]
-	close(e.journaled)
-	s.logf("r%d's journal entries of %d messages are confirmed", rp.id, len(e.msgs))
-	return true
-}
-
-// unjournaled reports whether rp applied m in a commit whose journal
-// entries are not confirmed yet.
-func (rp *replica) unjournaledHolds(m *mmsg) bool {
-	for _, e := range rp.unjournaled {
-		if e.msgs[m.id] {
-			return true
-		}
-	}
-	return false
 }
 
 // step makes one move of rp: resumes its worker from where it stopped,
@@ -682,6 +638,7 @@ func (s *sim) progress() bool {
 	moves := 2*n + 1
 	if s.journal {
 		moves += n // the journal confirms a replica's entries
+		s.timeoutWhileFlushing()
 	}
 	for _, i := range s.r.Perm(moves) {
 		switch {
