@@ -308,20 +308,6 @@ func (s *Service) openWorker(conn *amqp.Connection, letters *letters, i int, wor
 	return w, nil
 }
 
-// prefetchFor is a queue's prefetch with BATCH_MAX batch through lane:
-// BATCH_MAX (1 unless batches are on), so that what the broker gave us is
-// the batch in hand at most, and a crash returns one batch. With the
-// journal and batches, twice that: a batch's acks wait for the journal's
-// confirm while the next batch is applied, and the broker must have let
-// that one come (BENCHMARKS.md, "The journal").
-func prefetchFor(batchMax int, lane event.Lane) int {
-	n := max(1, batchMax)
-	if _, ok := lane.(journaledLane); ok && n > 1 {
-		n *= 2
-	}
-	return n
-}
-
 // lane returns a new lane of lanes for queue's worker, with the journal
 // when there is one.
 func (s *Service) lane(lanes Lanes, queue string) event.Lane {

@@ -17,6 +17,20 @@ import (
 // come back as duplicates, which the inbox drops and the journal takes
 // again.
 
+// prefetchFor is a queue's prefetch with BATCH_MAX batch through lane:
+// BATCH_MAX (1 unless batches are on), so that what the broker gave us is
+// the batch in hand at most, and a crash returns one batch. With the
+// journal and batches, twice that: a batch's acks wait for the journal's
+// confirm while the next batch is applied, and the broker must have let
+// that one come (BENCHMARKS.md, "The journal").
+func prefetchFor(batchMax int, lane event.Lane) int {
+	n := max(1, batchMax)
+	if _, ok := lane.(journaledLane); ok && n > 1 {
+		n *= 2
+	}
+	return n
+}
+
 // awaitJournal notes, for the deliveries of slots just tried, what their
 // settlement waits for: the confirm of the entries of every transaction
 // committed so far. An attempt that failed may have committed (a producer

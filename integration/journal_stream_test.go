@@ -1,0 +1,134 @@
+package integration
+
+import (
+	"fmt"
+	"net/http"
+	"net/url"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The journal's stream failing under the running service: refusing its
+// entries, or deleted.
+
+// While the stream does not take the journal's entries, nothing is acked
+// and nothing is dead-lettered: the events go on being applied as far as
+// the prefetch holds, their acks wait, and the write is tried again in
+// place, and /readyz names the queue the journal blocks. Here the
+// service's user loses its permissions on the stream and the journal's
+// connection is closed, so the journal cannot open its stream again; once
+// the permissions are back, the entries are written, the acks go out, the
+// service is ready again, and every event is applied once and is in the
+// journal.
+func TestAStreamThatRefusesTheJournalHoldsTheAcksUntilItHeals(t *testing.T) {
+	parallel(t)
+	e := newEnv(t)
+	e.declare(2)
+	readme := readmeGrants(t)
+	withJournal := readme["the service with the journal, `JOURNAL_STREAM=transfers.journal`"]
+	svcURL := e.brokerUser("svc", withJournal, "")
+	user := e.name + "_svc"
+	instance := e.name + "-svc"
+	proc := startProcess(t, e.serviceEnv(2, "AMQP_URL="+svcURL, "INSTANCE_NAME="+instance,
+		"JOURNAL_STREAM="+prefix+".journal"))
+	proc.waitConsuming(1)
+	before := e.publishMany(20, 4)
+	waitFor(t, 30*time.Second, "the first events applied and acked", func() bool {
+		return e.inboxCount() == len(before) && proc.count("outcome", "applied") == len(before)
+	})
+
+	e.setPermissions(user, readme["the service, `DECLARE_TOPOLOGY=true` (the default)"]) // nothing on the stream
+	e.closeConnections(instance + "-journal")
+	after := e.publishMany(40, 4)
+	waitFor(t, 60*time.Second, "later events applied, their journal refused", func() bool {
+		return e.inboxCount() > len(before) && proc.count("msg", journalRefused) > 0
+	})
+	if n := proc.count("outcome", "applied"); n != len(before) {
+		t.Fatalf("%d events acked while the stream refuses the journal, want the first %d only", n, len(before))
+	}
+	base := proc.httpAddr()
+	var ready map[string]any
+	waitFor(t, 30*time.Second, "/readyz 503 naming a queue the journal blocks", func() bool {
+		if getJSON(t, base+"/readyz", &ready) != 503 {
+			return false
+		}
+		blocked, _ := ready["blocked_queues"].([]any)
+		for _, b := range blocked {
+			if strings.Contains(fmt.Sprint(b.(map[string]any)["reason"]), "journal") {
+				return true
+			}
+		}
+		return false
+	})
+
+	e.setPermissions(user, withJournal)
+	all := append(before, after...)
+	waitFor(t, 60*time.Second, "every event applied and acked once the stream takes the journal again", func() bool {
+		return e.inboxCount() == len(all) && proc.count("outcome", "applied") == len(all)
+	})
+	waitFor(t, 30*time.Second, "ready again", func() bool { return getJSON(t, base+"/readyz", &ready) == 200 })
+	if err := proc.stop(syscall.SIGTERM, 20*time.Second); err != nil {
+		t.Errorf("exit after SIGTERM: %v", err)
+	}
+	e.checkExactlyOnce(all)
+	if n := proc.count("outcome", "dead_lettered"); n != 0 {
+		t.Errorf("%d events dead-lettered", n)
+	}
+	journaled := e.journaled([]string{e.amqpURL}, prefix+".journal")
+	for _, tr := range all {
+		if !journaled[tr.EventID] {
+			t.Errorf("event %s acked, not in the journal", tr.EventID)
+		}
+	}
+}
+
+// A stream deleted under the running service does not swallow the
+// journal: its entries come back unroutable instead of being confirmed
+// into nothing, the write is tried again on a new channel, which declares
+// the stream again, and every event acked after the deletion is in the new
+// stream. (Published to the default exchange without mandatory, they were
+// confirmed and dropped, and their events acked unjournaled.)
+func TestAStreamDeletedUnderTheServiceLosesNoEntry(t *testing.T) {
+	parallel(t)
+	e := newEnv(t)
+	e.declare(2)
+	stream := prefix + ".journal"
+	proc := startProcess(t, e.serviceEnv(2, "INSTANCE_NAME="+e.name+"-svc", "JOURNAL_STREAM="+stream))
+	proc.waitConsuming(1)
+	before := e.publishMany(20, 4)
+	waitFor(t, 30*time.Second, "the first events applied and acked", func() bool {
+		return e.inboxCount() == len(before) && proc.count("outcome", "applied") == len(before)
+	})
+	e.b.mgmt(t, http.MethodDelete, "/api/queues/"+url.PathEscape(e.vhost)+"/"+url.PathEscape(stream), nil, nil)
+	after := e.publishMany(40, 4)
+	all := append(before, after...)
+	waitFor(t, 60*time.Second, "every event applied and acked", func() bool {
+		return e.inboxCount() == len(all) && proc.count("outcome", "applied") == len(all)
+	})
+	if n := proc.count("msg", journalRefused); n == 0 {
+		t.Errorf("the service did not say the stream refused an entry")
+	}
+	if err := proc.stop(syscall.SIGTERM, 20*time.Second); err != nil {
+		t.Errorf("exit after SIGTERM: %v", err)
+	}
+	e.checkExactlyOnce(all)
+	journaled := e.journaled([]string{e.amqpURL}, stream)
+	for _, tr := range after {
+		if !journaled[tr.EventID] {
+			t.Errorf("event %s, acked after the stream was deleted, is not in the stream declared again", tr.EventID)
+		}
+	}
+}
+
+// journalRefused is what the service logs when the stream did not take a
+// transaction's entries.
+const journalRefused = "journal: the stream did not take a transaction's entries; its events are not acked, and the write is tried again"
+
+// setPermissions sets user's permissions on e's vhost to g.
+func (e *env) setPermissions(user string, g grants) {
+	e.t.Helper()
+	e.b.mgmt(e.t, http.MethodPut, "/api/permissions/"+url.PathEscape(e.vhost)+"/"+url.PathEscape(user),
+		map[string]string{"configure": g.configure, "write": g.write, "read": g.read}, nil)
+}
