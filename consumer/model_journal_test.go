@@ -50,14 +50,17 @@ func (rp *replica) unjournaledHolds(m *mmsg) bool {
 	return false
 }
 
-// timeoutWhileFlushing: now and then, before the environment heals, the
-// consumer timeout strikes the active replica while it waits, closing,
-// for the journal to confirm the acks it kept (worker.flushLater): on 4.3
-// the broker cancels the consumer, before it the channel closes.
+// timeoutWhileFlushing: once in a schedule at most, before the
+// environment heals, the consumer timeout strikes the active replica while
+// it waits, closing, for the journal to confirm the acks it kept
+// (worker.flushLater): on 4.3 the broker cancels the consumer, before it
+// the channel closes. Once, since a strike returns the messages, counted
+// towards the delivery limit, as a disruption does.
 func (s *sim) timeoutWhileFlushing() {
 	for _, rp := range s.reps {
 		flushing := rp.running && rp.ended && rp.at.kind == stopNext && rp.at.journaled != nil
-		if flushing && !s.calm && s.b.active() == rp.cons && s.r.IntN(3) == 0 && s.b.timeout() {
+		if flushing && !s.calm && s.flushStrikes == 0 && s.b.active() == rp.cons && s.r.IntN(3) == 0 && s.b.timeout() {
+			s.flushStrikes++ // once: it returns the messages, counted, as a disruption does
 			s.logf("consumer timeout while r%d waits for the journal to confirm the acks it kept", rp.id)
 		}
 	}

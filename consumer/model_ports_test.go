@@ -84,25 +84,28 @@ type resumption struct {
 }
 
 type sim struct {
-	t         fataler
-	ft        *fatalT
-	r         *rand.Rand
-	b         *broker
-	db        *mdb
-	reps      []*replica
-	gens      int
-	journal   bool // the replicas apply through a journaledLane
-	batchMax  int
-	linger    bool
-	maxBody   int
-	refusals  int             // one copy in refusals is refused, about
-	calm      bool            // the environment has healed: nothing more goes wrong
-	inWorker  bool            // a worker runs: a broken invariant ends its goroutine
-	decodeBug bool            // a bug makes every decode panic
-	stuck     map[string]bool // messages whose copies are always refused
-	trace     []line
-	moved     int // deliveries settled or dead-lettered, and events applied
-	watchdog  *time.Timer
+	t       fataler
+	ft      *fatalT
+	r       *rand.Rand
+	b       *broker
+	db      *mdb
+	reps    []*replica
+	gens    int
+	journal bool // the replicas apply through a journaledLane
+	// flushStrikes: consumer timeouts struck while a worker waited for
+	// the journal (timeoutWhileFlushing)
+	flushStrikes int
+	batchMax     int
+	linger       bool
+	maxBody      int
+	refusals     int             // one copy in refusals is refused, about
+	calm         bool            // the environment has healed: nothing more goes wrong
+	inWorker     bool            // a worker runs: a broken invariant ends its goroutine
+	decodeBug    bool            // a bug makes every decode panic
+	stuck        map[string]bool // messages whose copies are always refused
+	trace        []line
+	moved        int // deliveries settled or dead-lettered, and events applied
+	watchdog     *time.Timer
 }
 
 // busyLoop is how long a worker may run before it stops (at a port, or
