@@ -69,7 +69,9 @@ import (
 //     in place, for as long as it takes, when they do not hold. Any
 //     panic's letter spends the blame, whether copied, parked or refused,
 //     and waits for the deliveries pending before it: one of them may
-//     take the blame first.
+//     take the blame first. Nothing behind it is applied until it is
+//     settled: a panic may not come again, and a letter held, or returned
+//     before its copy, is applied the next time.
 //   - A failure of the environment always waits its backoff before the
 //     next attempt.
 //   - The core never returns a message by itself with Nack or Reject: only

@@ -51,6 +51,7 @@ func (c *core) work(head []*slot, mayLinger bool) (command, bool) {
 	}
 	var pending []*slot
 	var letter, first *slot
+slots:
 	for _, s := range head {
 		switch s.Fate {
 		case fatePending:
@@ -66,6 +67,13 @@ func (c *core) work(head []*slot, mayLinger bool) (command, bool) {
 		}
 		if first == nil {
 			first = s
+		}
+		if s.Fate == fateLetter && s.Class == event.ClassPanic {
+			// What is behind a panic's letter waits until it is settled:
+			// unlike the message's other faults, a panic may not come
+			// again, and a letter held, or returned before its copy, is
+			// applied the next time, after anything applied behind it.
+			break slots
 		}
 	}
 	if first == nil {

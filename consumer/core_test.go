@@ -253,3 +253,42 @@ func TestCoreSettlesNothingAfterTheBrokersCancel(t *testing.T) {
 		t.Errorf("then %v, want done", next.Kind)
 	}
 }
+
+// Nothing behind a panic's letter is applied before it is settled: a
+// decode that panicked may not panic again, so a letter held in place (or
+// returned by a close before its copy) is applied the next time, and
+// anything applied behind it meanwhile would be applied before it, out of
+// its account's order.
+func TestCoreAppliesNothingBehindAPanicsLetter(t *testing.T) {
+	panicked := event.Panicked(errors.New("panic: boom"))
+	deliver := func(c *core, panics ...bool) {
+		for i, p := range panics {
+			s := &slot{Tag: uint64(i + 1)}
+			if c.deliver(s) {
+				var err error
+				if p {
+					err = panicked
+				}
+				c.decoded(s, event.Event{ID: fmt.Sprint(i + 1)}, err)
+			}
+		}
+	}
+	t.Run("the events before it go first, and may take the blame", func(t *testing.T) {
+		c := newCore(coreConfig{Max: 50})
+		deliver(c, false, true, false)
+		got := strings.Join(drive(c, ok), "; ")
+		want := "apply [1]; ack 1 multiple=false; copy [2]; ack 2 multiple=false; apply [3]; ack 3 multiple=false; none"
+		if got != want {
+			t.Errorf("got  %s\nwant %s", got, want)
+		}
+	})
+	t.Run("held in place, it holds what is behind it", func(t *testing.T) {
+		c := newCore(coreConfig{Max: 50})
+		c.blame = false // another panic's letter went, and nothing was applied since
+		deliver(c, true, false)
+		got := strings.Join(drive(c, ok), "; ")
+		if !strings.HasPrefix(got, "wait; wait; wait") || strings.Contains(got, "apply") {
+			t.Errorf("got %s; want the queue held on the letter, nothing applied", got)
+		}
+	})
+}
