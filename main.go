@@ -112,8 +112,15 @@ func serve(ctx context.Context, cfg config.Config, migrations fs.FS, stderr io.W
 	// a failover or a restore) has each queue's mark compared with the
 	// journal's, idle queues' too (adr/0014).
 	var jr *journal.Journal
+	var svc *consumer.Service // the journal's lanes report to it; they open once it runs
 	if cfg.JournalStream != "" {
-		jr = journal.New(cfg.Journal())
+		jcfg := cfg.Journal()
+		jcfg.Reports = journal.Reports{Restored: m.Restored, Unprotected: m.Unprotected,
+			Stalled: func(q string, since time.Time, attempts int, id string, err error) {
+				svc.JournalStalled(q, since, attempts, id, err)
+			},
+			Healed: func(q string) { svc.JournalHealed(q) }}
+		jr = journal.New(jcfg)
 		defer jr.Close()
 	}
 	database, err := db.OpenWhenReady(ctx, cfg.Database, cfg.Migrate, cfg.PoolSize(), cfg.Reconnect(), log,
@@ -158,8 +165,8 @@ func serve(ctx context.Context, cfg config.Config, migrations fs.FS, stderr io.W
 	ccfg.ObserveBatch = m.Batch
 	ccfg.Tracer = tracer
 	inbox := db.NewInbox(database)
-	var svc *consumer.Service // the journal's lanes report to it; they open once it runs
 	if jr != nil {
+		jr.KeepIn(inbox) // where entries wait while the stream does not take them
 		// Every queue is compared with the journal, and restored, in one
 		// read of the stream before any is consumed (adr/0014).
 		queues := make([]string, cfg.QueueCount)
@@ -167,16 +174,15 @@ func serve(ctx context.Context, cfg config.Config, migrations fs.FS, stderr io.W
 			queues[i] = cfg.Topology().Queue(i)
 		}
 		jr.Prime(ctx, queues, func() event.MarkedLane { return inbox.Lane(cfg.ApplyTimeout).(event.MarkedLane) }, log)
-		wg.Add(1)
-		go func() { defer wg.Done(); jr.Watch(jobs, journal.CheckEvery, log) }()
 		ccfg.Journal = func(queue string, l event.Lane) event.Lane {
-			jl := jr.Wrap(queue, l.(event.MarkedLane), log) // the database's lanes are
-			jl.Restored = m.Restored
-			jl.Stalled, jl.Healed = svc.JournalStalled, svc.JournalHealed
-			return jl
+			return jr.Wrap(queue, l.(event.MarkedLane), log) // the database's lanes are
 		}
 	}
 	svc = consumer.New(ccfg, inbox)
+	if jr != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); jr.Watch(jobs, journal.CheckEvery, log) }()
+	}
 	h.Service(svc)
 
 	wg.Add(1)

@@ -21,48 +21,49 @@ import (
 
 // Config is every setting, each an environment variable; --help prints them.
 type Config struct {
-	AMQPURL         string        `envconfig:"AMQP_URL" default:"amqp://guest:guest@localhost:5672/" desc:"RabbitMQ URL, vhost included; for a cluster, one URL per node, comma-separated, tried in turn (on loss the service moves to the next)"`
-	AMQPURLFile     string        `envconfig:"AMQP_URL_FILE" desc:"file holding AMQP_URL's value (e.g. a mounted secret), read again at each connect, so a rotated password needs no restart; not with AMQP_URL"`
-	DatabaseURL     string        `envconfig:"DATABASE_URL" default:"postgres://postgres@localhost:5432/transfers?sslmode=disable" desc:"PostgreSQL URL, or libpq's key=value form; several hosts (postgres://u@h1:5432,h2:5432/db?target_session_attrs=read-write) are tried in turn; the database is created if missing (when the user may and MIGRATE=true)"`
-	DatabaseURLFile string        `envconfig:"DATABASE_URL_FILE" desc:"file holding DATABASE_URL's value, read again for each new connection, so a rotated password needs no restart; not with DATABASE_URL"`
-	RequireSync     bool          `envconfig:"REQUIRE_SYNC_STANDBY" default:"false" desc:"refuse to consume while the database names no synchronous standby (synchronous_standby_names), as a failover to an asynchronous standby may lose events already acked; read at each new connection and every 10 s, and /readyz says why"`
-	Producers       string        `envconfig:"PRODUCERS" desc:"comma-separated broker users whose events are applied (their user_id); any other event, or one without user_id, is dead-lettered as unauthorized; empty accepts any publisher (adr/0008)"`
-	Replayers       string        `envconfig:"REPLAYERS" desc:"comma-separated broker users that run dlq replay: a message whose user_id is one of them is judged by the first producer its x-original-user-id names; none may be in PRODUCERS too"`
-	Migrate         bool          `envconfig:"MIGRATE" default:"true" desc:"apply missing migrations at start, when the role may; false never changes the database: the service only checks that the schema is current, and waits until it is"`
-	QueueCount      int           `envconfig:"QUEUE_COUNT" default:"8" desc:"partition queues PREFIX.0 … PREFIX.(N-1) bound to the hash exchange"`
-	Prefix          string        `envconfig:"TOPOLOGY_PREFIX" default:"transfers" desc:"name of the hash exchange and prefix of the queues, PREFIX.dlx and PREFIX.dlq"`
-	DeliveryLimit   int           `envconfig:"DELIVERY_LIMIT" default:"10" desc:"quorum x-delivery-limit: returns of a message before the broker dead-letters it (so at most N+1 deliveries)"`
-	DeclareTopology bool          `envconfig:"DECLARE_TOPOLOGY" default:"true" desc:"declare exchanges, queues and bindings on every connect"`
-	ManagementURL   string        `envconfig:"MANAGEMENT_URL" desc:"RabbitMQ management API (http[s]://[user:password@]host:port), read with DECLARE_TOPOLOGY=false to check the arguments of the topology made by others, and every 10 s for the DLQ's depth and queues beyond QUEUE_COUNT; without credentials, AMQP_URL's are used; the user needs the management tag"`
-	MgmtURLFile     string        `envconfig:"MANAGEMENT_URL_FILE" desc:"file holding MANAGEMENT_URL's value, read again at each check; not with MANAGEMENT_URL"`
-	InstanceName    string        `envconfig:"INSTANCE_NAME" desc:"name in connection names, consumer tags and dead-letter headers (default HOSTNAME-PID)"`
-	ReplicaIndex    int           `envconfig:"REPLICA_INDEX" default:"0" desc:"this replica's number, 0..REPLICA_COUNT-1: it prefers queues i with i % REPLICA_COUNT == REPLICA_INDEX (honoured by RabbitMQ 4.x, adr/0004)"`
-	ReplicaCount    int           `envconfig:"REPLICA_COUNT" default:"1" desc:"how many replicas share the queues; 1 sets no consumer priorities"`
-	ShutdownTimeout time.Duration `envconfig:"SHUTDOWN_TIMEOUT" default:"30s" desc:"time the message in hand may take to finish once SIGTERM arrives"`
-	ApplyTimeout    time.Duration `envconfig:"APPLY_TIMEOUT" default:"15s" desc:"time one attempt to apply an event may take"`
-	RetryMin        time.Duration `envconfig:"RETRY_MIN" default:"100ms" desc:"first wait before retrying a transient database failure"`
-	RetryMax        time.Duration `envconfig:"RETRY_MAX" default:"10s" desc:"longest wait between retries of a transient database failure"`
-	ReconnectMin    time.Duration `envconfig:"RECONNECT_MIN" default:"500ms" desc:"first wait before reconnecting to the broker or database"`
-	ReconnectMax    time.Duration `envconfig:"RECONNECT_MAX" default:"30s" desc:"longest wait between reconnects"`
-	DBMaxConns      int           `envconfig:"DB_MAX_CONNS" default:"0" desc:"database connection pool size (0: QUEUE_COUNT+4)"`
-	BatchMax        int           `envconfig:"BATCH_MAX" default:"1" desc:"most events a queue's worker applies in one transaction (and the queue's prefetch); 1 is one event per transaction; raise it (e.g. 50) to drain backlogs faster (adr/0006)"`
-	BatchLinger     time.Duration `envconfig:"BATCH_LINGER" default:"0s" desc:"how long a worker may wait for more events to fill a batch; 0 takes what has arrived, so a light load keeps its latency"`
-	MaxBodyBytes    int           `envconfig:"MAX_BODY_BYTES" default:"65536" desc:"largest message body decoded; a larger one is dead-lettered as poison, undecoded"`
-	HTTPAddr        string        `envconfig:"HTTP_ADDR" default:":8080" desc:"address of /healthz, /readyz and /metrics; empty to serve none"`
-	Pprof           bool          `envconfig:"PPROF" default:"false" desc:"serve Go's /debug/pprof on PPROF_ADDR, for profiling"`
-	PprofAddr       string        `envconfig:"PPROF_ADDR" default:"127.0.0.1:6060" desc:"address of /debug/pprof when PPROF=true; loopback by default: profiles are not for whoever reaches HTTP_ADDR"`
-	InboxTTL        time.Duration `envconfig:"INBOX_TTL" default:"720h" desc:"how long an applied eventId is remembered (adr/0003); older rows are pruned"`
-	PruneInterval   time.Duration `envconfig:"PRUNE_INTERVAL" default:"1m" desc:"how often retention runs (one replica at a time)"`
-	PruneBatch      int           `envconfig:"PRUNE_BATCH" default:"5000" desc:"inbox rows deleted per statement"`
-	ReconcileEvery  time.Duration `envconfig:"RECONCILE_INTERVAL" default:"1h" desc:"how often the service reconciles balances with transfers and looks for duplicate intents and stuck transitions (one replica at a time, adr/0007); 0 never"`
-	ReconcileWindow time.Duration `envconfig:"RECONCILE_WINDOW" default:"1h" desc:"two creations of one intent (same accounts, amount, currency) under different transferIds at most this far apart are a suspected duplicate"`
-	PendingAfter    time.Duration `envconfig:"RECONCILE_PENDING_AFTER" default:"1h" desc:"a transition waiting for its creation longer than this is reported"`
-	ReconcileDLQ    bool          `envconfig:"RECONCILE_DLQ" default:"false" desc:"the periodic reconciliation also counts dead letters older than INBOX_TTL (needs read on PREFIX.dlq, as dlq list)"`
-	JournalStream   string        `envconfig:"JOURNAL_STREAM" desc:"name of a RabbitMQ stream in which the service journals every event before its ack, so that what a database loses after the ack (a failover to a standby that was behind, a point-in-time restore) is applied again from it (adr/0014); empty: no journal"`
-	JournalMaxAge   string        `envconfig:"JOURNAL_MAX_AGE" default:"7D" desc:"the journal stream's x-max-age (a number and Y, M, D, h, m or s): it must cover the furthest back a restore can go"`
-	JournalMaxBytes int64         `envconfig:"JOURNAL_MAX_BYTES" default:"0" desc:"the journal stream's x-max-length-bytes; 0 sets none (the age alone bounds it)"`
-	LogLevel        string        `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
-	LogFormat       string        `envconfig:"LOG_FORMAT" default:"json" desc:"json or text"`
+	AMQPURL          string        `envconfig:"AMQP_URL" default:"amqp://guest:guest@localhost:5672/" desc:"RabbitMQ URL, vhost included; for a cluster, one URL per node, comma-separated, tried in turn (on loss the service moves to the next)"`
+	AMQPURLFile      string        `envconfig:"AMQP_URL_FILE" desc:"file holding AMQP_URL's value (e.g. a mounted secret), read again at each connect, so a rotated password needs no restart; not with AMQP_URL"`
+	DatabaseURL      string        `envconfig:"DATABASE_URL" default:"postgres://postgres@localhost:5432/transfers?sslmode=disable" desc:"PostgreSQL URL, or libpq's key=value form; several hosts (postgres://u@h1:5432,h2:5432/db?target_session_attrs=read-write) are tried in turn; the database is created if missing (when the user may and MIGRATE=true)"`
+	DatabaseURLFile  string        `envconfig:"DATABASE_URL_FILE" desc:"file holding DATABASE_URL's value, read again for each new connection, so a rotated password needs no restart; not with DATABASE_URL"`
+	RequireSync      bool          `envconfig:"REQUIRE_SYNC_STANDBY" default:"false" desc:"refuse to consume while the database names no synchronous standby (synchronous_standby_names), as a failover to an asynchronous standby may lose events already acked; read at each new connection and every 10 s, and /readyz says why"`
+	Producers        string        `envconfig:"PRODUCERS" desc:"comma-separated broker users whose events are applied (their user_id); any other event, or one without user_id, is dead-lettered as unauthorized; empty accepts any publisher (adr/0008)"`
+	Replayers        string        `envconfig:"REPLAYERS" desc:"comma-separated broker users that run dlq replay: a message whose user_id is one of them is judged by the first producer its x-original-user-id names; none may be in PRODUCERS too"`
+	Migrate          bool          `envconfig:"MIGRATE" default:"true" desc:"apply missing migrations at start, when the role may; false never changes the database: the service only checks that the schema is current, and waits until it is"`
+	QueueCount       int           `envconfig:"QUEUE_COUNT" default:"8" desc:"partition queues PREFIX.0 … PREFIX.(N-1) bound to the hash exchange"`
+	Prefix           string        `envconfig:"TOPOLOGY_PREFIX" default:"transfers" desc:"name of the hash exchange and prefix of the queues, PREFIX.dlx and PREFIX.dlq"`
+	DeliveryLimit    int           `envconfig:"DELIVERY_LIMIT" default:"10" desc:"quorum x-delivery-limit: returns of a message before the broker dead-letters it (so at most N+1 deliveries)"`
+	DeclareTopology  bool          `envconfig:"DECLARE_TOPOLOGY" default:"true" desc:"declare exchanges, queues and bindings on every connect"`
+	ManagementURL    string        `envconfig:"MANAGEMENT_URL" desc:"RabbitMQ management API (http[s]://[user:password@]host:port), read with DECLARE_TOPOLOGY=false to check the arguments of the topology made by others, and every 10 s for the DLQ's depth and queues beyond QUEUE_COUNT; without credentials, AMQP_URL's are used; the user needs the management tag"`
+	MgmtURLFile      string        `envconfig:"MANAGEMENT_URL_FILE" desc:"file holding MANAGEMENT_URL's value, read again at each check; not with MANAGEMENT_URL"`
+	InstanceName     string        `envconfig:"INSTANCE_NAME" desc:"name in connection names, consumer tags and dead-letter headers (default HOSTNAME-PID)"`
+	ReplicaIndex     int           `envconfig:"REPLICA_INDEX" default:"0" desc:"this replica's number, 0..REPLICA_COUNT-1: it prefers queues i with i % REPLICA_COUNT == REPLICA_INDEX (honoured by RabbitMQ 4.x, adr/0004)"`
+	ReplicaCount     int           `envconfig:"REPLICA_COUNT" default:"1" desc:"how many replicas share the queues; 1 sets no consumer priorities"`
+	ShutdownTimeout  time.Duration `envconfig:"SHUTDOWN_TIMEOUT" default:"30s" desc:"time the message in hand may take to finish once SIGTERM arrives"`
+	ApplyTimeout     time.Duration `envconfig:"APPLY_TIMEOUT" default:"15s" desc:"time one attempt to apply an event may take"`
+	RetryMin         time.Duration `envconfig:"RETRY_MIN" default:"100ms" desc:"first wait before retrying a transient database failure"`
+	RetryMax         time.Duration `envconfig:"RETRY_MAX" default:"10s" desc:"longest wait between retries of a transient database failure"`
+	ReconnectMin     time.Duration `envconfig:"RECONNECT_MIN" default:"500ms" desc:"first wait before reconnecting to the broker or database"`
+	ReconnectMax     time.Duration `envconfig:"RECONNECT_MAX" default:"30s" desc:"longest wait between reconnects"`
+	DBMaxConns       int           `envconfig:"DB_MAX_CONNS" default:"0" desc:"database connection pool size (0: QUEUE_COUNT+4)"`
+	BatchMax         int           `envconfig:"BATCH_MAX" default:"1" desc:"most events a queue's worker applies in one transaction (and the queue's prefetch); 1 is one event per transaction; raise it (e.g. 50) to drain backlogs faster (adr/0006)"`
+	BatchLinger      time.Duration `envconfig:"BATCH_LINGER" default:"0s" desc:"how long a worker may wait for more events to fill a batch; 0 takes what has arrived, so a light load keeps its latency"`
+	MaxBodyBytes     int           `envconfig:"MAX_BODY_BYTES" default:"65536" desc:"largest message body decoded; a larger one is dead-lettered as poison, undecoded"`
+	HTTPAddr         string        `envconfig:"HTTP_ADDR" default:":8080" desc:"address of /healthz, /readyz and /metrics; empty to serve none"`
+	Pprof            bool          `envconfig:"PPROF" default:"false" desc:"serve Go's /debug/pprof on PPROF_ADDR, for profiling"`
+	PprofAddr        string        `envconfig:"PPROF_ADDR" default:"127.0.0.1:6060" desc:"address of /debug/pprof when PPROF=true; loopback by default: profiles are not for whoever reaches HTTP_ADDR"`
+	InboxTTL         time.Duration `envconfig:"INBOX_TTL" default:"720h" desc:"how long an applied eventId is remembered (adr/0003); older rows are pruned"`
+	PruneInterval    time.Duration `envconfig:"PRUNE_INTERVAL" default:"1m" desc:"how often retention runs (one replica at a time)"`
+	PruneBatch       int           `envconfig:"PRUNE_BATCH" default:"5000" desc:"inbox rows deleted per statement"`
+	ReconcileEvery   time.Duration `envconfig:"RECONCILE_INTERVAL" default:"1h" desc:"how often the service reconciles balances with transfers and looks for duplicate intents and stuck transitions (one replica at a time, adr/0007); 0 never"`
+	ReconcileWindow  time.Duration `envconfig:"RECONCILE_WINDOW" default:"1h" desc:"two creations of one intent (same accounts, amount, currency) under different transferIds at most this far apart are a suspected duplicate"`
+	PendingAfter     time.Duration `envconfig:"RECONCILE_PENDING_AFTER" default:"1h" desc:"a transition waiting for its creation longer than this is reported"`
+	ReconcileDLQ     bool          `envconfig:"RECONCILE_DLQ" default:"false" desc:"the periodic reconciliation also counts dead letters older than INBOX_TTL (needs read on PREFIX.dlq, as dlq list)"`
+	JournalStream    string        `envconfig:"JOURNAL_STREAM" desc:"name of a RabbitMQ stream in which the service journals every event before its ack, so that what a database loses after the ack (a failover to a standby that was behind, a point-in-time restore) is applied again from it (adr/0014); empty: no journal"`
+	JournalMaxAge    string        `envconfig:"JOURNAL_MAX_AGE" default:"7D" desc:"the journal stream's x-max-age (a number and Y, M, D, h, m or s): it must cover the furthest back a restore can go"`
+	JournalMaxBytes  int64         `envconfig:"JOURNAL_MAX_BYTES" default:"0" desc:"the journal stream's x-max-length-bytes; 0 sets none (the age alone bounds it)"`
+	JournalKeepAfter time.Duration `envconfig:"JOURNAL_KEEP_AFTER" default:"3s" desc:"how long a transaction's journal entries may wait for the stream's confirm before they are kept in the database instead and their events acked (a broker alarm, a stream unavailable), to go to the stream once it takes them again; at once while the broker blocks publishing (adr/0014)"`
+	LogLevel         string        `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
+	LogFormat        string        `envconfig:"LOG_FORMAT" default:"json" desc:"json or text"`
 }
 
 // Load reads every setting from the environment and checks it: an error
@@ -179,6 +180,8 @@ func (c Config) validate() error {
 		return bad("JOURNAL_MAX_AGE", "must be a number and one of Y, M, D, h, m, s (e.g. 7D), got %q", c.JournalMaxAge)
 	case c.JournalMaxBytes < 0:
 		return bad("JOURNAL_MAX_BYTES", "must not be negative, got %d", c.JournalMaxBytes)
+	case c.JournalKeepAfter < 10*time.Millisecond || c.JournalKeepAfter > time.Minute:
+		return bad("JOURNAL_KEEP_AFTER", "must be between 10ms and 1m, got %s", c.JournalKeepAfter)
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		return bad("LOG_LEVEL", "must be debug, info, warn or error, got %q", c.LogLevel)

@@ -2,6 +2,7 @@ package db
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"transferconsumer/event"
@@ -72,5 +73,39 @@ func TestJournalMarkMovesWithItsTransaction(t *testing.T) {
 	}
 	if got := mark(); got != 9 {
 		t.Fatalf("mark %d, want 9", got)
+	}
+}
+
+// The journal's spill keeps a queue's messages, hands them back oldest
+// first and counts their entries, takes one kept twice once, and deletes
+// them up to a sequence; the body comes back byte for byte.
+func TestJournalSpillKeepsAQueuesMessagesInOrder(t *testing.T) {
+	in := NewInbox(testDB(t, 4))
+	queue, other := "q-'\\"+newID(), "q-"+newID()
+	body := func(n int) []byte { return []byte(strings.Repeat("\x00'\\x", n)) }
+	msgs := []event.Spilled{{First: 5, Last: 7, Entries: 3, Body: body(1)}, {First: 8, Last: 8, Entries: 1, Body: body(2)}}
+	for _, s := range []struct {
+		q    string
+		msgs []event.Spilled
+	}{{queue, msgs[1:]}, {queue, msgs}, {other, msgs[:1]}} {
+		if err := in.Spill(t.Context(), s.q, s.msgs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := in.Spilled(t.Context(), queue, 10)
+	if err != nil || len(got) != 2 || got[0].First != 5 || got[1].Last != 8 || string(got[1].Body) != string(body(2)) {
+		t.Fatalf("kept %+v, %v; want 5-7 then 8, as written", got, err)
+	}
+	if n, err := in.Kept(t.Context(), queue); n != 4 || err != nil {
+		t.Fatalf("%d entries kept (%v), want 4", n, err)
+	}
+	if err := in.Unspill(t.Context(), queue, 7); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := in.Spilled(t.Context(), queue, 10); len(got) != 1 || got[0].First != 8 {
+		t.Fatalf("after deleting up to 7: %+v, want 8 alone", got)
+	}
+	if n, _ := in.Kept(t.Context(), other); n != 3 {
+		t.Fatalf("the other queue's kept entries: %d, want 3", n)
 	}
 }

@@ -43,3 +43,31 @@ type MarkedLane interface {
 // restore to an earlier time), or another consumer of the queue moved the
 // mark; the journal holds what is missing.
 var ErrJournalGap = errors.New("the database does not hold the journal mark the service went on from")
+
+// Spilled is one journal message kept in the database while the journal's
+// stream does not take it: one queue's entries First … Last (Entries of
+// them), as the message's body.
+type Spilled struct {
+	First, Last int64
+	Entries     int
+	Body        []byte
+}
+
+// JournalSpill keeps a queue's journal messages in the database while the
+// stream does not take them (a broker alarm, a stream that is unavailable
+// while the broker is up), so that their events can be acked meanwhile
+// and the messages written to the stream, in order, once it takes them
+// again (the journal package, adr/0014).
+type JournalSpill interface {
+	// Spill keeps msgs, one queue's, in order; keeping one already kept
+	// is harmless.
+	Spill(ctx context.Context, queue string, msgs []Spilled) error
+	// Spilled returns up to limit of the queue's kept messages, in the
+	// order of their sequences.
+	Spilled(ctx context.Context, queue string, limit int) ([]Spilled, error)
+	// Kept counts the entries of the queue's kept messages.
+	Kept(ctx context.Context, queue string) (int, error)
+	// Unspill deletes the queue's kept messages up to sequence last, once
+	// the stream confirmed them.
+	Unspill(ctx context.Context, queue string, last int64) error
+}

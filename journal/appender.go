@@ -2,64 +2,103 @@ package journal
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
 
+	"transferconsumer/event"
 	"transferconsumer/retry"
 )
 
 // appender writes a lane's entries to the stream after their transaction
 // committed, in the order the transactions committed, while the lane's
 // worker goes on with the next transaction: the worker acks a
-// transaction's events only once Journaled says its entries are confirmed
+// transaction's events only once Journaled says its entries are held
 // (adr/0014). What is queued when a write begins goes in that write
-// together. A write that fails is tried again in place, the same entries
-// with the same sequences, until the broker confirms them or the lane
-// closes: a later transaction's entries never reach the stream before an
-// earlier one's, and nothing is acked meanwhile. A lane closed with
-// entries unconfirmed leaves their sequences unused in the stream; their
-// events, never acked, come back to the queue, and are journaled then as
-// duplicates, under new sequences.
+// together.
+//
+// Held means confirmed by the stream, or, while the stream does not take
+// them, kept in the database (the spill): a broker alarm blocks every
+// publish, a stream can be unavailable while the broker is up, and the
+// acks must not wait on either, or the backlog stops and the held
+// deliveries run into the broker's consumer timeout. A write the stream
+// has not confirmed within keepAfter (at once while the broker blocks the
+// journal's publishes) keeps its entries in the database, and the acks go;
+// from then on the queue's entries go to the database too, behind those
+// kept, until the stream takes the kept ones, oldest first, and each is
+// deleted once confirmed. So a later transaction's entries never reach the
+// stream before an earlier one's. While kept, entries are counted
+// (Reports.Unprotected): a failover or a restore that takes their commits
+// back takes them too.
+//
+// Without a spill, or while the database does not take them either, a
+// write is tried again in place, the same entries with the same
+// sequences, until one of the two holds them or the lane closes, and
+// nothing is acked meanwhile. A lane closed with entries unconfirmed
+// leaves their sequences unused in the stream; their events, never acked,
+// come back to the queue, and are journaled then as duplicates, under new
+// sequences.
 type appender struct {
-	j     store
-	queue string
-	log   *slog.Logger
-	// stalled is told of each write the stream did not take, healed of
-	// the first it took after, or of the lane closing meanwhile (the
-	// lane's Stalled and Healed).
-	stalled func(since time.Time, attempts int, first Entry, err error)
-	healed  func()
+	j         store
+	spill     event.JournalSpill // nil: none
+	keepAfter time.Duration
+	queue     string
+	log       *slog.Logger
+	reports   Reports
 
 	mu      sync.Mutex
 	waiting []outgoing    // queued, oldest first, not yet in a write
-	last    chan struct{} // closed once everything queued so far is confirmed
-	running bool          // the goroutine that writes runs
+	last    chan struct{} // closed once everything queued so far is held
+	// kept counts the entries in the database that the stream has not
+	// taken yet; -1 until the writer looked (a crash may have left some).
+	kept    int
+	running bool          // the writer has entries queued or kept
+	idle    chan struct{} // closed when running turns false
 	wake    chan struct{}
 	stop    context.CancelFunc
 	exited  chan struct{}
+	// The writer's own: when the stream is next tried for the kept
+	// entries, and how many tries failed in a row.
+	drainAt   time.Time
+	drainFail int
 }
 
-// outgoing is one transaction's entries, and what is closed once the
-// broker confirmed them.
+// outgoing is one transaction's entries, and what is closed once they are
+// held.
 type outgoing struct {
 	entries   []Entry
 	journaled chan struct{}
 }
 
-// writeRetry paces the writes tried again.
+// writeRetry paces the writes tried again, and the stream's tries for the
+// entries kept in the database.
 var writeRetry = retry.Backoff{Min: 50 * time.Millisecond, Max: 5 * time.Second}
 
-// add queues entries, and returns what is closed once they are confirmed.
+// drainPage is how many kept messages the stream is given at a time.
+const drainPage = 100
+
+// add queues entries, and returns what is closed once they are held.
 func (a *appender) add(entries []Entry) <-chan struct{} {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	o := outgoing{entries: entries, journaled: make(chan struct{})}
 	a.waiting = append(a.waiting, o)
 	a.last = o.journaled
+	a.start()
+	return o.journaled
+}
+
+// start has the writer run, starting its goroutine the first time. Under
+// mu.
+func (a *appender) start() {
 	if !a.running {
 		a.running = true
+		a.idle = make(chan struct{})
 		if a.wake == nil {
+			if a.spill != nil {
+				a.kept = -1 // the writer looks first
+			}
 			a.wake, a.exited = make(chan struct{}, 1), make(chan struct{})
 			ctx, stop := context.WithCancel(context.Background())
 			a.stop = stop
@@ -70,25 +109,48 @@ func (a *appender) add(entries []Entry) <-chan struct{} {
 	case a.wake <- struct{}{}:
 	default:
 	}
-	return o.journaled
 }
 
 // journaled returns what is closed once every entry queued so far is
-// confirmed: nil when all are.
+// held: nil when all are.
 func (a *appender) journaled() <-chan struct{} {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if !a.running {
-		return nil
-	}
-	return a.last
+	return a.unheld()
 }
 
-// flush waits until every entry queued so far is confirmed, or ctx ends.
+// unheld is journaled's answer. Under mu.
+func (a *appender) unheld() <-chan struct{} {
+	if a.last == nil {
+		return nil
+	}
+	select {
+	case <-a.last:
+		return nil
+	default:
+		return a.last
+	}
+}
+
+// flush waits until every entry queued so far is in the stream, those kept
+// in the database included, or ctx ends: a restore reads the stream.
 func (a *appender) flush(ctx context.Context) error {
-	if c := a.journaled(); c != nil {
+	a.mu.Lock()
+	if a.spill != nil && (a.wake == nil || a.kept != 0) {
+		// Entries kept in the database, or perhaps (the writer has not
+		// looked yet: a crash may have left some): the stream is tried
+		// for them now.
+		a.start()
+		a.drainAt = time.Time{}
+	}
+	idle := a.idle
+	if !a.running {
+		idle = nil
+	}
+	a.mu.Unlock()
+	if idle != nil {
 		select {
-		case <-c:
+		case <-idle:
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -96,8 +158,12 @@ func (a *appender) flush(ctx context.Context) error {
 	return nil
 }
 
-// busy reports whether entries are on their way.
-func (a *appender) busy() bool { return a.journaled() != nil }
+// busy reports whether entries are on their way, or kept in the database.
+func (a *appender) busy() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.unheld() != nil || a.kept != 0
+}
 
 // close stops the writes: what is unconfirmed stays so.
 func (a *appender) close() {
@@ -113,25 +179,15 @@ func (a *appender) close() {
 func (a *appender) run(ctx context.Context) {
 	defer close(a.exited)
 	for {
-		a.mu.Lock()
-		batch := a.waiting
-		a.waiting = nil
-		if len(batch) == 0 {
-			a.running = false
-			a.mu.Unlock()
-			select {
-			case <-a.wake:
-				continue
-			case <-ctx.Done():
-				return
-			}
+		batch, ok := a.next(ctx)
+		if !ok {
+			return
 		}
-		a.mu.Unlock()
 		var entries []Entry
 		for _, o := range batch {
 			entries = append(entries, o.entries...)
 		}
-		if !a.write(ctx, entries) {
+		if !a.put(ctx, entries) {
 			return
 		}
 		for _, o := range batch {
@@ -140,17 +196,69 @@ func (a *appender) run(ctx context.Context) {
 	}
 }
 
-// write appends entries until the broker confirms them; false when the
-// lane closed first.
-func (a *appender) write(ctx context.Context, entries []Entry) bool {
+// next takes what is queued; with nothing queued but entries kept, it
+// waits until the stream is due to be tried for them, and returns none.
+// It returns false once the lane closed.
+func (a *appender) next(ctx context.Context) ([]outgoing, bool) {
+	for {
+		a.mu.Lock()
+		batch, kept := a.waiting, a.kept
+		a.waiting = nil
+		if len(batch) > 0 {
+			a.mu.Unlock()
+			return batch, true
+		}
+		wait := time.Duration(-1) // none: nothing is kept
+		if kept == 0 {
+			if a.running {
+				a.running = false
+				close(a.idle)
+			}
+		} else if wait = time.Until(a.drainAt); wait <= 0 {
+			a.mu.Unlock()
+			return nil, true
+		}
+		a.mu.Unlock()
+		if !a.sleep(ctx, wait) {
+			return nil, false
+		}
+	}
+}
+
+// sleep waits until woken (new entries, or a flush), for wait at most
+// (none when negative); false when the lane closed first.
+func (a *appender) sleep(ctx context.Context, wait time.Duration) bool {
+	var due <-chan time.Time
+	if wait >= 0 {
+		t := time.NewTimer(wait)
+		defer t.Stop()
+		due = t.C
+	}
+	select {
+	case <-a.wake:
+	case <-due:
+	case <-ctx.Done():
+		return false
+	}
+	return true
+}
+
+// put brings entries (none: only those kept) to the stream, or keeps them
+// in the database while the stream does not take them, and returns once
+// one of the two holds them; false when the lane closed first.
+func (a *appender) put(ctx context.Context, entries []Entry) bool {
+	msgs, encErr := encode(entries) // of Go values json.Marshal always takes: a bug, held in place visibly
 	var th retry.Throttle
 	var since time.Time
 	for attempt := 0; ; attempt++ {
-		err := a.j.Append(ctx, entries)
+		err := encErr
+		if err == nil {
+			err = a.try(ctx, msgs)
+		}
 		if err == nil {
 			if attempt > 0 {
-				a.log.Info("journal: the stream took the entries it had refused", "queue", a.queue,
-					"from_seq", entries[0].Seq, "attempts", attempt+1)
+				a.log.Info("journal: the entries it could not write are held now", "queue", a.queue,
+					"attempts", attempt+1)
 				a.healed()
 			}
 			return true
@@ -164,11 +272,16 @@ func (a *appender) write(ctx context.Context, entries []Entry) bool {
 		if attempt == 0 {
 			since = time.Now()
 		}
-		a.stalled(since, attempt+1, entries[0], err)
+		first := Entry{}
+		if len(entries) > 0 {
+			first = entries[0]
+		}
+		if a.reports.Stalled != nil && len(entries) > 0 {
+			a.reports.Stalled(a.queue, since, attempt+1, first.Event.ID, err)
+		}
 		if due, _ := th.Due(attempt+1, err.Error()); due {
-			a.log.Warn("journal: the stream did not take a transaction's entries; its events are not acked, and the write is tried again",
-				"queue", a.queue, "from_seq", entries[0].Seq, "to_seq", entries[len(entries)-1].Seq,
-				"attempt", attempt+1, "err", err)
+			a.log.Warn("journal: neither the stream nor the database took a transaction's entries; its events are not acked, and the write is tried again",
+				"queue", a.queue, "from_seq", first.Seq, "entries", len(entries), "attempt", attempt+1, "err", err)
 		}
 		t := time.NewTimer(writeRetry.Delay(attempt))
 		select {
@@ -177,6 +290,132 @@ func (a *appender) write(ctx context.Context, entries []Entry) bool {
 			t.Stop()
 			a.healed()
 			return false
+		}
+	}
+}
+
+func (a *appender) healed() {
+	if a.reports.Healed != nil {
+		a.reports.Healed(a.queue)
+	}
+}
+
+// try makes one attempt at holding msgs: the entries kept in the database
+// go to the stream first, when the stream is due to be tried, then msgs;
+// while the stream does not take them, msgs are kept in the database
+// behind the others.
+func (a *appender) try(ctx context.Context, msgs []event.Spilled) error {
+	if a.spill == nil {
+		return a.j.write(ctx, a.queue, msgs)
+	}
+	a.mu.Lock()
+	kept, due := a.kept, !time.Now().Before(a.drainAt)
+	a.mu.Unlock()
+	var err error
+	if kept != 0 && due {
+		err = a.drain(ctx)
+		a.mu.Lock()
+		kept = a.kept
+		a.mu.Unlock()
+	}
+	if kept == 0 && len(msgs) > 0 {
+		write, cancel := context.WithTimeout(ctx, a.keepAfter)
+		err = a.j.write(write, a.queue, msgs)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		a.failed()
+	}
+	if len(msgs) == 0 || kept < 0 {
+		// Nothing to keep; or the database did not say what it keeps:
+		// nothing goes in front of what may be there.
+		return err
+	}
+	if kerr := a.spill.Spill(ctx, a.queue, msgs); kerr != nil {
+		return errors.Join(err, kerr)
+	}
+	n := 0
+	for _, m := range msgs {
+		n += m.Entries
+	}
+	a.mu.Lock()
+	if a.kept == 0 {
+		a.log.Warn("journal: the stream does not take the entries; they are kept in the database until it does, and their events acked",
+			"queue", a.queue, "from_seq", msgs[0].First, "err", err)
+	}
+	a.kept += n
+	a.mu.Unlock()
+	if a.reports.Unprotected != nil {
+		a.reports.Unprotected(a.queue, n)
+	}
+	return nil
+}
+
+// failed notes a try of the stream that failed: the next is due after a
+// backoff, and meanwhile entries go to the database without waiting.
+func (a *appender) failed() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.drainAt = time.Now().Add(writeRetry.Delay(a.drainFail))
+	a.drainFail++
+}
+
+// drain writes the entries kept in the database to the stream, oldest
+// first, deleting each page once confirmed.
+func (a *appender) drain(ctx context.Context) error {
+	a.mu.Lock()
+	unknown := a.kept < 0
+	a.mu.Unlock()
+	if unknown {
+		n, err := a.spill.Kept(ctx, a.queue)
+		if err != nil {
+			return err
+		}
+		a.mu.Lock()
+		a.kept = n
+		a.mu.Unlock()
+		if n > 0 {
+			a.log.Warn("journal: entries a former process kept in the database are not in the stream yet; they go first",
+				"queue", a.queue, "entries", n)
+			if a.reports.Unprotected != nil {
+				a.reports.Unprotected(a.queue, n)
+			}
+		}
+	}
+	for {
+		msgs, err := a.spill.Spilled(ctx, a.queue, drainPage)
+		if err != nil {
+			return err
+		}
+		if len(msgs) == 0 {
+			a.mu.Lock()
+			if a.kept > 0 {
+				a.log.Info("journal: the stream took every entry kept in the database", "queue", a.queue)
+			}
+			a.kept, a.drainFail = 0, 0
+			a.mu.Unlock()
+			return nil
+		}
+		write, cancel := context.WithTimeout(ctx, a.keepAfter)
+		err = a.j.write(write, a.queue, msgs)
+		cancel()
+		if err != nil {
+			a.failed()
+			return err
+		}
+		if err := a.spill.Unspill(ctx, a.queue, msgs[len(msgs)-1].Last); err != nil {
+			return err
+		}
+		n := 0
+		for _, m := range msgs {
+			n += m.Entries
+		}
+		a.mu.Lock()
+		a.kept -= n
+		a.mu.Unlock()
+		if a.reports.Unprotected != nil {
+			a.reports.Unprotected(a.queue, -n)
 		}
 	}
 }

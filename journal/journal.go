@@ -18,8 +18,10 @@ package journal
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -91,6 +93,34 @@ type Config struct {
 	Declare  bool   // declare the stream; else only check that it exists
 	// Dial opens a broker connection for the journal.
 	Dial func() (*amqp.Connection, error)
+	// Spill, when set, keeps a queue's entries in the database while the
+	// stream does not take them (appender.go); KeepAfter is how long a
+	// write may wait for the stream before its entries are kept there
+	// (JOURNAL_KEEP_AFTER). Without it, the acks wait for the stream.
+	Spill     event.JournalSpill
+	KeepAfter time.Duration
+	// Reports is what the journal tells the service.
+	Reports Reports
+}
+
+// Reports is what the journal tells the service; each may be nil. They
+// are set before any lane opens, so that every lane, the start's included,
+// reports to them.
+type Reports struct {
+	// Restored counts entries applied again from the journal.
+	Restored func(queue string, n int)
+	// Stalled is told each time the stream did not take a queue's entries
+	// and they could not be kept in the database either (since the first
+	// such write, how many tries, the first entry's event), and Healed
+	// once they are taken, or the lane closes: the worker's acks wait
+	// meanwhile, and the service reports the queue blocked.
+	Stalled func(queue string, since time.Time, attempts int, eventID string, err error)
+	Healed  func(queue string)
+	// Unprotected is told of entries kept in the database (n > 0) and of
+	// those the stream then took from there (n < 0): while kept, their
+	// events, acked, are protected against a failover or a restore only
+	// as far as the database is.
+	Unprotected func(queue string, n int)
 }
 
 // Journal writes and reads the stream. It is safe for concurrent use: the
@@ -102,6 +132,10 @@ type Journal struct {
 	conn *amqp.Connection
 	ch   *amqp.Channel // in confirm mode; nil until opened, and after a failure
 	ans  *answers      // ch's answers (publish.go)
+	// blocked is set while the broker blocks conn's publishes (a memory
+	// or disk alarm, connection.blocked): a write then fails at once
+	// instead of waiting for the alarm to pass.
+	blocked *atomic.Bool
 	// pubMu keeps each publish on ch with the delivery tag it reads first.
 	pubMu sync.Mutex
 
@@ -114,8 +148,15 @@ type Journal struct {
 	kick     chan struct{}
 }
 
+// errBlocked: the broker blocks the journal's publishes.
+var errBlocked = errors.New("the broker blocks publishing (a memory or disk alarm)")
+
 // New returns a journal over cfg; it connects when first used.
 func New(cfg Config) *Journal { return &Journal{cfg: cfg} }
+
+// KeepIn has the journal keep a queue's entries in s while the stream does
+// not take them (Config.Spill). It must be called before any lane opens.
+func (j *Journal) KeepIn(s event.JournalSpill) { j.cfg.Spill = s }
 
 // Args are the stream's arguments.
 func (c Config) Args() amqp.Table {
@@ -153,7 +194,7 @@ func (j *Journal) channel() (*amqp.Channel, *answers, error) {
 		conn.Close()
 		return nil, nil, fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
 	}
-	j.conn, j.ch, j.ans = conn, ch, follow(ch)
+	j.conn, j.ch, j.ans, j.blocked = conn, ch, follow(ch), watchBlocked(conn)
 	return ch, j.ans, nil
 }
 
@@ -172,7 +213,28 @@ func (j *Journal) closeLocked() {
 	if j.conn != nil {
 		j.conn.Close()
 	}
-	j.conn, j.ch, j.ans = nil, nil, nil
+	j.conn, j.ch, j.ans, j.blocked = nil, nil, nil, nil
+}
+
+// watchBlocked follows conn's connection.blocked and connection.unblocked
+// until it closes. The notifications must be read, or the connection
+// stops.
+func watchBlocked(conn *amqp.Connection) *atomic.Bool {
+	b := new(atomic.Bool)
+	c := conn.NotifyBlocked(make(chan amqp.Blocking, 4))
+	go func() {
+		for n := range c {
+			b.Store(n.Active)
+		}
+	}()
+	return b
+}
+
+// isBlocked reports whether the broker blocks the journal's publishes now.
+func (j *Journal) isBlocked() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.blocked != nil && j.blocked.Load()
 }
 
 // Close closes the journal's connection.
@@ -193,24 +255,24 @@ type Entry struct {
 	Dead bool
 }
 
-// Append writes entries to the stream, in messages of one queue's
-// consecutive entries, and returns once the broker confirmed every
-// message, or ctx ended.
-func (j *Journal) Append(ctx context.Context, entries []Entry) error {
-	if len(entries) == 0 {
+// write publishes msgs, queue's journal messages, in order, and returns
+// once the broker confirmed each, or ctx ended; at once while the broker
+// blocks the journal's publishes.
+func (j *Journal) write(ctx context.Context, queue string, msgs []event.Spilled) error {
+	if len(msgs) == 0 {
 		return nil
 	}
-	msgs, err := messages(entries)
-	if err != nil {
-		return fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
+	if j.isBlocked() {
+		return fmt.Errorf("journal %s: %w", j.cfg.Stream, errBlocked)
 	}
 	ch, ans, err := j.channel()
 	if err != nil {
 		return err
 	}
+	now := time.Now()
 	answers := make([]<-chan error, len(msgs))
 	for i, m := range msgs {
-		if answers[i], err = j.publish(ctx, ch, ans, m); err != nil {
+		if answers[i], err = j.publish(ctx, ch, ans, publishing(queue, m, now)); err != nil {
 			j.fail(ch)
 			return fmt.Errorf("journal %s: publish: %w", j.cfg.Stream, err)
 		}
@@ -235,48 +297,56 @@ func (j *Journal) answer(ctx context.Context, ch *amqp.Channel, a <-chan error) 
 		}
 		return nil
 	case <-ctx.Done():
+		if j.isBlocked() {
+			// The broker holds the publish until the alarm passes, and
+			// its confirm then: the channel stays, and the writes tried
+			// meanwhile fail at once. The entries will be written again,
+			// so the stream may hold them twice; a read takes a sequence
+			// once (readAll).
+			return fmt.Errorf("journal %s: confirm: %w", j.cfg.Stream, errBlocked)
+		}
 		j.fail(ch)
 		return fmt.Errorf("journal %s: confirm: %w", j.cfg.Stream, ctx.Err())
 	}
 }
 
-// messages encodes entries as journal messages: each holds consecutive
-// entries of one queue, up to maxMessage bytes of body.
-func messages(entries []Entry) ([]amqp.Publishing, error) {
-	var out []amqp.Publishing
-	now := time.Now()
-	var body []byte
-	var first Entry
-	var last int64
-	flush := func() {
-		if body == nil {
-			return
-		}
-		out = append(out, amqp.Publishing{
-			Headers:     amqp.Table{hQueue: first.Queue, hFirst: first.Seq, hLast: last},
-			ContentType: "application/json", DeliveryMode: amqp.Persistent, Timestamp: now,
-			Body: append(body, ']'),
-		})
-		body = nil
-	}
+// encode encodes entries, one queue's consecutive ones, as journal
+// messages: each holds up to maxMessage bytes of body.
+func encode(entries []Entry) ([]event.Spilled, error) {
+	var out []event.Spilled
+	var m *event.Spilled
 	for _, e := range entries {
-		if body != nil && (e.Queue != first.Queue || len(body) > maxMessage-len(e.Event.Message.Body)-1024) {
-			flush()
+		if m != nil && len(m.Body) > maxMessage-len(e.Event.Message.Body)-1024 {
+			m.Body = append(m.Body, ']')
+			m = nil
 		}
-		if body == nil {
-			body, first = make([]byte, 1, 64<<10), e
-			body[0] = '['
+		if m == nil {
+			out = append(out, event.Spilled{First: e.Seq, Body: make([]byte, 1, 64<<10)})
+			m = &out[len(out)-1]
+			m.Body[0] = '['
 		} else {
-			body = append(body, ',')
+			m.Body = append(m.Body, ',')
 		}
 		var err error
-		if body, err = appendEntry(body, e); err != nil {
+		if m.Body, err = appendEntry(m.Body, e); err != nil {
 			return nil, fmt.Errorf("entry %d of %s: %w", e.Seq, e.Queue, err)
 		}
-		last = e.Seq
+		m.Last = e.Seq
+		m.Entries++
 	}
-	flush()
+	if m != nil {
+		m.Body = append(m.Body, ']')
+	}
 	return out, nil
+}
+
+// publishing is the message that carries m, of queue, to the stream.
+func publishing(queue string, m event.Spilled, now time.Time) amqp.Publishing {
+	return amqp.Publishing{
+		Headers:     amqp.Table{hQueue: queue, hFirst: m.First, hLast: m.Last},
+		ContentType: "application/json", DeliveryMode: amqp.Persistent, Timestamp: now,
+		Body: m.Body,
+	}
 }
 
 // fail drops ch, so that the next use connects again: a channel whose

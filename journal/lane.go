@@ -25,16 +25,8 @@ type Lane struct {
 	queue   string
 	inner   event.MarkedLane
 	log     *slog.Logger
+	reports Reports
 	onClose func(prev int64, synced bool)
-	// Restored, when set, counts entries applied again from the journal.
-	Restored func(queue string, n int)
-	// Stalled, when set, is told each time the stream did not take the
-	// lane's entries (since the first such write, how many tries, the
-	// first entry's event), and Healed once it takes them, or the lane
-	// closes: the worker's acks wait meanwhile, and the service reports
-	// the queue blocked.
-	Stalled func(queue string, since time.Time, attempts int, eventID string, err error)
-	Healed  func(queue string)
 
 	// mu makes the worker's applies, the watch's checks and the restores
 	// they run take turns: a restore is over before the next event is
@@ -57,33 +49,35 @@ type Lane struct {
 
 // store is where a Lane's entries go and come from: the Journal.
 type store interface {
-	Append(ctx context.Context, entries []Entry) error
+	write(ctx context.Context, queue string, msgs []event.Spilled) error
 	readAll(ctx context.Context, since time.Time, wants map[string]*want) error
 }
 
 // Wrap returns inner with the journal, for queue's worker. The journal's
 // watch checks the lane until it is closed, the first time at once.
 func (j *Journal) Wrap(queue string, inner event.MarkedLane, log *slog.Logger) *Lane {
-	l := makeLane(j, queue, inner, log)
+	l := makeLane(j, j.cfg, queue, inner, log)
 	j.watch(l)
 	return l
 }
 
-func makeLane(j store, queue string, inner event.MarkedLane, log *slog.Logger) *Lane {
-	l := &Lane{j: j, queue: queue, inner: inner, log: log}
-	l.out = appender{j: j, queue: queue, log: log,
-		stalled: func(since time.Time, attempts int, first Entry, err error) {
-			if l.Stalled != nil {
-				l.Stalled(queue, since, attempts, first.Event.ID, err)
-			}
-		},
-		healed: func() {
-			if l.Healed != nil {
-				l.Healed(queue)
-			}
-		}}
-	return l
+// makeLane returns a lane of queue over inner, its entries going to s,
+// with cfg's spill and reports.
+func makeLane(s store, cfg Config, queue string, inner event.MarkedLane, log *slog.Logger) *Lane {
+	keepAfter := cfg.KeepAfter
+	if keepAfter <= 0 {
+		keepAfter = DefaultKeepAfter
+	}
+	return &Lane{j: s, queue: queue, inner: inner, log: log, reports: cfg.Reports,
+		out: appender{j: s, spill: cfg.Spill, keepAfter: keepAfter, queue: queue, log: log, reports: cfg.Reports}}
 }
+
+// DefaultKeepAfter is how long a write waits for the stream's confirm
+// before its entries are kept in the database instead, when nothing else
+// is set: far above a confirm's usual few milliseconds, and far below the
+// broker's consumer timeout (30 minutes by default, 15 seconds in some
+// estates), which the held deliveries must not reach.
+const DefaultKeepAfter = 3 * time.Second
 
 // Journaled returns what is closed once the entries of every transaction
 // the lane has committed so far are confirmed by the broker: until then,

@@ -83,20 +83,20 @@ func TestADeadLetteredEntryIsNeverAppliedAgain(t *testing.T) {
 // commits.
 func TestEntriesTheStreamRefusedAreWrittenAgainBeforeTheAck(t *testing.T) {
 	db, s := &database{}, &stream{}
-	l := newLane(db, s)
-	defer l.Close()
 	var mu sync.Mutex
 	var stalls []string // what the lane said: "stalled <event> <tries>" and "healed"
-	l.Stalled = func(q string, _ time.Time, attempts int, eventID string, _ error) {
-		mu.Lock()
-		defer mu.Unlock()
-		stalls = append(stalls, fmt.Sprintf("stalled %s %d", eventID, attempts))
-	}
-	l.Healed = func(string) {
-		mu.Lock()
-		defer mu.Unlock()
-		stalls = append(stalls, "healed")
-	}
+	l := newLaneWith(db, s, Config{Reports: Reports{
+		Stalled: func(q string, _ time.Time, attempts int, eventID string, _ error) {
+			mu.Lock()
+			defer mu.Unlock()
+			stalls = append(stalls, fmt.Sprintf("stalled %s %d", eventID, attempts))
+		},
+		Healed: func(string) {
+			mu.Lock()
+			defer mu.Unlock()
+			stalls = append(stalls, "healed")
+		}}})
+	defer l.Close()
 	applyAll(t, l, events(1), 1) // the first read of the stream
 	s.refuse(errors.New("stream down"))
 	evs := events(4)
@@ -219,13 +219,14 @@ func TestEntriesComeBackAsTheyWent(t *testing.T) {
 	}
 	ev.Message = event.Message{RoutingKey: "a", Body: body, MessageID: id, ContentType: "application/json",
 		Headers: amqp.Table{"x-producer": "payments", "n": int64(3)}}
-	entries := []Entry{{Queue: "q.0", Seq: 7, Event: ev}, {Queue: "q.0", Seq: 8, Event: ev, Dead: true}, {Queue: "q.1", Seq: 1, Event: ev}}
-	msgs, err := messages(entries)
+	entries := []Entry{{Queue: "q.0", Seq: 7, Event: ev}, {Queue: "q.0", Seq: 8, Event: ev, Dead: true}}
+	msgs, err := encode(entries)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(msgs) != 2 || msgs[0].Headers[hQueue] != "q.0" || msgs[0].Headers[hFirst] != int64(7) || msgs[0].Headers[hLast] != int64(8) {
-		t.Fatalf("%d messages, the first's headers %v; want 2, the first of q.0's 7 to 8", len(msgs), msgs[0].Headers)
+	p := publishing("q.0", msgs[0], time.Now())
+	if len(msgs) != 1 || msgs[0].Entries != 2 || p.Headers[hQueue] != "q.0" || p.Headers[hFirst] != int64(7) || p.Headers[hLast] != int64(8) {
+		t.Fatalf("%d messages, the first's headers %v; want 1, of q.0's 7 to 8", len(msgs), p.Headers)
 	}
 	back, err := decode("q.0", msgs[0].Body)
 	if err != nil {
@@ -244,7 +245,7 @@ func TestEntriesComeBackAsTheyWent(t *testing.T) {
 	for i := range 3 * maxMessage / len(body) {
 		big = append(big, Entry{Queue: "q.0", Seq: int64(i + 1), Event: ev})
 	}
-	msgs, err = messages(big)
+	msgs, err = encode(big)
 	if err != nil {
 		t.Fatal(err)
 	}

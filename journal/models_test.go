@@ -3,6 +3,7 @@ package journal
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -112,6 +113,24 @@ type stream struct {
 	mu      sync.Mutex
 	fail    error
 	refused int
+	// hang: a write waits for its context's end, as one the broker
+	// holds during an alarm; land: it reaches the stream first, its
+	// confirm never coming.
+	hang, land bool
+}
+
+// hold has every write wait for its context (land: after it reached
+// the stream), until let.
+func (s *stream) hold(land bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hang, s.land = true, land
+}
+
+func (s *stream) let() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hang = false
 }
 
 // refuse has every write fail with err from now on (nil: none).
@@ -127,17 +146,44 @@ func (s *stream) refusals() int {
 	return s.refused
 }
 
-func (s *stream) Append(_ context.Context, entries []Entry) error {
+// write takes msgs as the stream would, their entries read back from
+// their bodies: the events of events() carry their id as the message id.
+func (s *stream) write(ctx context.Context, queue string, msgs []event.Spilled) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.fail != nil {
 		s.refused++
 		return s.fail
 	}
+	if s.hang {
+		s.refused++
+		if s.land {
+			if err := s.take(queue, msgs); err != nil {
+				return err
+			}
+		}
+		s.mu.Unlock()
+		<-ctx.Done()
+		s.mu.Lock()
+		return ctx.Err()
+	}
+	return s.take(queue, msgs)
+}
+
+func (s *stream) take(queue string, msgs []event.Spilled) error {
 	if s.head.IsZero() {
 		s.head = time.Now()
 	}
-	s.entries = append(s.entries, entries...)
+	for _, m := range msgs {
+		var wire []wireEntry
+		if err := json.Unmarshal(m.Body, &wire); err != nil {
+			return err
+		}
+		for _, w := range wire {
+			s.entries = append(s.entries, Entry{Queue: queue, Seq: w.Seq, Dead: w.Dead,
+				Event: event.Event{ID: w.MessageID, Type: w.Type, Message: event.Message{MessageID: w.MessageID, Body: w.Body}}})
+		}
+	}
 	return nil
 }
 
@@ -161,15 +207,8 @@ func (s *stream) readAll(_ context.Context, since time.Time, wants map[string]*w
 		if w == nil || w.err != nil {
 			continue
 		}
-		f := &w.found
-		if f.First == 0 {
-			f.First = e.Seq
-		}
-		f.Tail = max(f.Tail, e.Seq)
-		if e.Seq > w.after {
-			f.Entries = append(f.Entries, e)
-		}
-		if len(f.Entries) == size {
+		w.take(e)
+		if len(w.found.Entries) == size {
 			page(w)
 		}
 	}
@@ -188,13 +227,18 @@ func (s *stream) trim(n int) {
 }
 
 func newLane(db *database, s *stream) *Lane {
-	return makeLane(s, "q.0", modelLane{db}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	return newLaneWith(db, s, Config{})
+}
+
+func newLaneWith(db *database, s *stream, cfg Config) *Lane {
+	return makeLane(s, cfg, "q.0", modelLane{db}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 }
 
 func events(n int) []event.Event {
 	out := make([]event.Event, n)
 	for i := range out {
-		out[i] = event.Event{ID: fmt.Sprintf("ev-%03d", i), Type: "TransferCreated"}
+		id := fmt.Sprintf("ev-%03d", i)
+		out[i] = event.Event{ID: id, Type: "TransferCreated", Message: event.Message{MessageID: id, Body: []byte(`{}`)}}
 	}
 	return out
 }
@@ -238,4 +282,58 @@ func applyAll(t *testing.T, l *Lane, evs []event.Event, batch int) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// spill is a model of the database's journal_spill.
+type spill struct {
+	mu   sync.Mutex
+	msgs []event.Spilled
+	down error
+}
+
+func (k *spill) Spill(_ context.Context, _ string, msgs []event.Spilled) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.down != nil {
+		return k.down
+	}
+	k.msgs = append(k.msgs, msgs...)
+	return nil
+}
+
+func (k *spill) Spilled(_ context.Context, _ string, limit int) ([]event.Spilled, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.down != nil {
+		return nil, k.down
+	}
+	return slices.Clone(k.msgs[:min(limit, len(k.msgs))]), nil
+}
+
+func (k *spill) Kept(context.Context, string) (int, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.down != nil {
+		return 0, k.down
+	}
+	n := 0
+	for _, m := range k.msgs {
+		n += m.Entries
+	}
+	return n, nil
+}
+
+func (k *spill) Unspill(_ context.Context, _ string, last int64) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.down != nil {
+		return k.down
+	}
+	k.msgs = slices.DeleteFunc(k.msgs, func(m event.Spilled) bool { return m.Last <= last })
+	return nil
+}
+
+func (k *spill) kept() int {
+	n, _ := k.Kept(context.Background(), "")
+	return n
 }

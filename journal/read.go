@@ -1,11 +1,13 @@
 package journal
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -45,6 +47,49 @@ type want struct {
 	page  func(Found) error
 	found Found
 	err   error // page's: the read of this queue ended
+	taken seqs  // the sequences above after handed to page so far
+}
+
+// take notes e, an entry of w's queue the read came to, and keeps it for
+// the next page when it is above the mark and not a copy of one kept
+// before: a write tried again after it had reached the stream
+// unconfirmed (a lost confirm, an alarm) leaves its entries there twice.
+// A copy is known by its sequence alone: an entry's sequence is taken
+// once, by the transaction that commits it.
+func (w *want) take(e Entry) {
+	f := &w.found
+	if f.First == 0 {
+		f.First = e.Seq
+	}
+	f.Tail = max(f.Tail, e.Seq)
+	if e.Seq > w.after && !w.taken.has(e.Seq) {
+		w.taken.add(e.Seq)
+		f.Entries = append(f.Entries, e)
+	}
+}
+
+// seqs is a set of sequences, as sorted runs of consecutive ones: a
+// queue's entries come in runs, so the set stays a few runs long however
+// many entries a restore reads.
+type seqs [][2]int64
+
+func (s seqs) find(n int64) int {
+	i, _ := slices.BinarySearchFunc(s, n, func(r [2]int64, n int64) int { return cmp.Compare(r[1], n) })
+	return i
+}
+
+func (s seqs) has(n int64) bool {
+	i := s.find(n)
+	return i < len(s) && s[i][0] <= n
+}
+
+func (s *seqs) add(n int64) {
+	if k := len(*s); k > 0 && (*s)[k-1][1]+1 == n {
+		(*s)[k-1][1] = n // the usual case: the next in order
+		return
+	}
+	i := s.find(n)
+	*s = slices.Insert(*s, i, [2]int64{n, n})
 }
 
 // readOne reads one queue's entries from s (see Journal.Read).
@@ -141,13 +186,7 @@ func (j *Journal) readAll(ctx context.Context, since time.Time, wants map[string
 		}
 		f := &w.found
 		for _, e := range entries {
-			if f.First == 0 {
-				f.First = e.Seq
-			}
-			f.Tail = max(f.Tail, e.Seq)
-			if e.Seq > w.after {
-				f.Entries = append(f.Entries, e)
-			}
+			w.take(e)
 		}
 		if len(f.Entries) >= pageSize {
 			if w.err = w.page(*f); w.err != nil {

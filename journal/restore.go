@@ -256,8 +256,8 @@ func (r *restoring) apply(entries []Entry) error {
 	}
 	r.prev = held
 	r.applied += n
-	if n > 0 && l.Restored != nil {
-		l.Restored(l.queue, n)
+	if n > 0 && l.reports.Restored != nil {
+		l.reports.Restored(l.queue, n)
 	}
 	return nil
 }

@@ -6,6 +6,8 @@ package journal
 import (
 	"context"
 	"errors"
+	"io"
+	"log/slog"
 	"slices"
 	"testing"
 	"time"
@@ -20,12 +22,11 @@ import (
 // without reading the stream.
 func TestTheWatchRestoresAnIdleQueue(t *testing.T) {
 	db, s := &database{}, &stream{}
-	l := newLane(db, s)
+	restored := make(chan int, 3)
+	l := newLaneWith(db, s, Config{Reports: Reports{Restored: func(_ string, n int) { restored <- n }}})
 	evs := events(9)
 	applyAll(t, l, evs, 2)
 	db.lose(2)
-	restored := make(chan int, 3)
-	l.Restored = func(_ string, n int) { restored <- n }
 	j := &Journal{}
 	j.watch(l)
 	ctx, cancel := context.WithCancel(t.Context())
@@ -195,9 +196,7 @@ func TestAStartRestoresEveryQueueInOneRead(t *testing.T) {
 	queues := []string{"q.0", "q.1", "q.2"}
 	dbs := map[string]*database{}
 	lane := func(q string) *Lane {
-		l := newLane(dbs[q], s)
-		l.queue = q
-		return l
+		return makeLane(s, Config{}, q, modelLane{dbs[q]}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	}
 	evs := events(30)
 	for _, q := range queues {

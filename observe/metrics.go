@@ -26,7 +26,11 @@ type Metrics struct {
 	conflicts  prometheus.Counter
 	pruned     prometheus.Counter
 	restored   prometheus.Counter
-	reconcile  reconcileGauges // reconcile.go
+	// The journal's entries kept in the database while the stream does
+	// not take them: now, by queue, and all that ever were.
+	unprotected *prometheus.GaugeVec
+	kept        prometheus.Counter
+	reconcile   reconcileGauges // reconcile.go
 
 	// The series of the two common outcomes, resolved once rather than
 	// looked up by label for every event.
@@ -70,6 +74,14 @@ func NewMetrics(h *Health, cfg config.Config) *Metrics {
 			Namespace: ns, Name: "journal_restored_total",
 			Help: "Journal entries applied again because the database had lost them (JOURNAL_STREAM, adr/0014).",
 		}),
+		unprotected: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Name: "journal_unprotected_events",
+			Help: "Acked events whose journal entries are kept in the database because the stream did not take them (an alarm, a stream unavailable): a failover or restore that loses their commits loses them (adr/0014).",
+		}, []string{"queue"}),
+		kept: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "journal_kept_total",
+			Help: "Journal entries kept in the database because the stream did not take them in time (JOURNAL_KEEP_AFTER, adr/0014).",
+		}),
 	}
 	// Series an alert watches exist from the start, at zero.
 	for _, oc := range [][2]string{{"applied", ""}, {"duplicate", ""}, {"requeued", "unknown"},
@@ -88,7 +100,7 @@ func NewMetrics(h *Health, cfg config.Config) *Metrics {
 		return 0
 	}
 	m.collectors = []prometheus.Collector{
-		m.events, m.latency, m.retries, m.conflicts, m.pruned, m.restored, m.batches,
+		m.events, m.latency, m.retries, m.conflicts, m.pruned, m.restored, m.unprotected, m.kept, m.batches,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		// Two settings, so that alert rules compare against the values
@@ -170,6 +182,15 @@ func (m *Metrics) Batch(n int) { m.batches.Observe(float64(n)) }
 
 // Restored counts journal entries applied again.
 func (m *Metrics) Restored(_ string, n int) { m.restored.Add(float64(n)) }
+
+// Unprotected counts a queue's journal entries kept in the database (n >
+// 0), and those the stream then took from there (n < 0).
+func (m *Metrics) Unprotected(queue string, n int) {
+	m.unprotected.WithLabelValues(queue).Add(float64(n))
+	if n > 0 {
+		m.kept.Add(float64(n))
+	}
+}
 
 // Pruned counts inbox rows removed by retention.
 func (m *Metrics) Pruned(rows int64) { m.pruned.Add(float64(rows)) }

@@ -1,0 +1,97 @@
+package db
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"transferconsumer/event"
+)
+
+// The journal's spill (sql/0015_journal_spill.sql, adr/0014): where a
+// queue's journal messages wait while the stream does not take them. Each
+// statement is one simple Query message with its values as literals, as
+// the apply path's are, so that it works behind PgBouncer in transaction
+// mode; none is on an event's path, only on the journal's writer's.
+
+// Spill keeps msgs, queue's, in journal_spill. It implements
+// event.JournalSpill.
+func (in *Inbox) Spill(ctx context.Context, queue string, msgs []event.Spilled) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	var b strings.Builder
+	b.WriteString("INSERT INTO journal_spill (queue, first_seq, last_seq, entries, body) VALUES ")
+	for i, m := range msgs {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteByte('(')
+		writeText(&b, queue)
+		b.WriteString(", ")
+		writeInt(&b, m.First)
+		b.WriteString(", ")
+		writeInt(&b, m.Last)
+		b.WriteString(", ")
+		writeInt(&b, int64(m.Entries))
+		b.WriteString(", ")
+		writeBytes(&b, m.Body)
+		b.WriteByte(')')
+	}
+	b.WriteString(" ON CONFLICT (queue, first_seq) DO NOTHING")
+	if _, err := in.db.ExecContext(ctx, b.String()); err != nil {
+		return fmt.Errorf("keep %d journal messages of %s in the database: %w", len(msgs), queue, translate(err))
+	}
+	return nil
+}
+
+// Spilled returns up to limit of queue's kept journal messages, oldest
+// first. It implements event.JournalSpill.
+func (in *Inbox) Spilled(ctx context.Context, queue string, limit int) ([]event.Spilled, error) {
+	var b strings.Builder
+	b.WriteString("SELECT first_seq, last_seq, entries, body FROM journal_spill WHERE queue = ")
+	writeText(&b, queue)
+	b.WriteString(" ORDER BY first_seq LIMIT ")
+	writeInt(&b, int64(limit))
+	var rows []struct {
+		First   int64  `db:"first_seq"`
+		Last    int64  `db:"last_seq"`
+		Entries int    `db:"entries"`
+		Body    []byte `db:"body"`
+	}
+	if err := in.db.SelectContext(ctx, &rows, b.String()); err != nil {
+		return nil, fmt.Errorf("read the journal messages of %s kept in the database: %w", queue, translate(err))
+	}
+	out := make([]event.Spilled, len(rows))
+	for i, r := range rows {
+		out[i] = event.Spilled{First: r.First, Last: r.Last, Entries: r.Entries, Body: r.Body}
+	}
+	return out, nil
+}
+
+// Unspill deletes queue's kept journal messages up to sequence last. It
+// implements event.JournalSpill.
+func (in *Inbox) Unspill(ctx context.Context, queue string, last int64) error {
+	var b strings.Builder
+	b.WriteString("DELETE FROM journal_spill WHERE queue = ")
+	writeText(&b, queue)
+	b.WriteString(" AND last_seq <= ")
+	writeInt(&b, last)
+	if _, err := in.db.ExecContext(ctx, b.String()); err != nil {
+		return fmt.Errorf("delete the journal messages of %s the stream took: %w", queue, translate(err))
+	}
+	return nil
+}
+
+// Kept counts the entries of queue's kept journal messages. It implements
+// event.JournalSpill.
+func (in *Inbox) Kept(ctx context.Context, queue string) (int, error) {
+	var b strings.Builder
+	b.WriteString("SELECT coalesce(sum(entries), 0) FROM journal_spill WHERE queue = ")
+	writeText(&b, queue)
+	var n int
+	if err := in.db.GetContext(ctx, &n, b.String()); err != nil {
+		return 0, fmt.Errorf("count the journal entries of %s kept in the database: %w", queue, translate(err))
+	}
+	return n, nil
+}
