@@ -183,12 +183,21 @@ func writeMark(b *strings.Builder, m *event.Mark) {
 
 // Marked returns queue's journal mark as the database holds it. It
 // implements event.MarkedLane.
+//
+// The queue is written as a literal, as an attempt writes its own, so that
+// the read is one simple-protocol Query message: with a parameter, lib/pq
+// would send it in two exchanges (Parse, then Bind and Execute), which
+// PgBouncer in transaction mode may hand to two server connections
+// (TestMarkedIsOneRoundTrip).
 func (l *lane) Marked(ctx context.Context, queue string) (int64, time.Time, error) {
 	var mark struct {
 		Seq int64     `db:"seq"`
 		At  time.Time `db:"at"`
 	}
-	err := l.in.db.GetContext(ctx, &mark, `SELECT seq, at FROM journal_mark WHERE queue = $1`, queue)
+	var q strings.Builder
+	q.WriteString("SELECT seq, at FROM journal_mark WHERE queue = ")
+	writeText(&q, queue)
+	err := l.in.db.GetContext(ctx, &mark, q.String())
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, time.Time{}, nil
 	}
