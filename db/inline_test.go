@@ -3,6 +3,7 @@ package db
 import (
 	"context"
 	"database/sql"
+	"encoding/binary"
 	"math"
 	"math/rand/v2"
 	"net"
@@ -122,8 +123,10 @@ func goroutinesCreated() uint64 {
 }
 
 // countingDialer counts the writes its connections make: with lib/pq, one
-// per message batch the client sends before it waits for an answer.
-type countingDialer struct{ writes atomic.Int64 }
+// per message batch the client sends before it waits for an answer. It
+// also counts the connections opened to send a CancelRequest, lib/pq's way
+// to cancel a statement that runs on another connection.
+type countingDialer struct{ writes, cancels atomic.Int64 }
 
 func (d *countingDialer) Dial(network, address string) (net.Conn, error) {
 	return d.DialTimeout(network, address, 0)
@@ -139,12 +142,27 @@ func (d *countingDialer) DialTimeout(network, address string, timeout time.Durat
 
 type countingConn struct {
 	net.Conn
-	d *countingDialer
+	d      *countingDialer
+	opened bool // the connection wrote its first message
 }
 
 func (c *countingConn) Write(b []byte) (int, error) {
 	c.d.writes.Add(1)
+	if !c.opened {
+		c.opened = true
+		if isCancelRequest(b) {
+			c.d.cancels.Add(1)
+		}
+	}
 	return c.Conn.Write(b)
+}
+
+// isCancelRequest reports whether b, the first message of a connection, is
+// a CancelRequest: its length, the code 80877102, then the process id and
+// secret key of the session whose statement is to be cancelled. lib/pq
+// writes it whole, in one write, and in the clear with sslmode=disable.
+func isCancelRequest(b []byte) bool {
+	return len(b) >= 8 && binary.BigEndian.Uint32(b[4:8]) == 80877102
 }
 
 // An event is one round trip to PostgreSQL, and so is a batch: the lane

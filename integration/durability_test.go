@@ -1,7 +1,10 @@
 package integration
 
 import (
+	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -125,5 +128,87 @@ func TestCommitWaitingForAStandbyIsNeverCancelled(t *testing.T) {
 	}
 	if got := e.balance(tr.Data.ToAccount); got != 3 {
 		t.Errorf("balance = %d, want 3", got)
+	}
+}
+
+// The same commit, when the worker shuts down while it waits for the
+// standby: the lane closes its connection rather than cancel the
+// statement. The event is not reported applied, and nothing makes its
+// commit a local-only one: while no standby answers, its claim stays
+// invisible and its session waits; once the requirement is lifted, it
+// commits whole, and the server never logged the cancelled wait it logs
+// when a cancel ends one. (Which of lib/pq's goroutine and the lane's
+// close acts first decides whether a statement run under the worker's
+// context would send a cancel here; db.TestAShutdownSendsNoCancelRequest
+// forces the schedule in which it would, and counts the cancel requests.)
+func TestAShutdownNeverCancelsACommitWaitingForAStandby(t *testing.T) {
+	parallel(t)
+	cluster := newPGCluster(t)
+	e := newEnvOn(t, cluster.adminURL())
+	admin := sqlx.MustOpen("postgres", cluster.adminURL())
+	t.Cleanup(func() { admin.Close() })
+	admin.MustExec(`ALTER SYSTEM SET synchronous_standby_names = 'nobody'`)
+	admin.MustExec(`SELECT pg_reload_conf()`)
+	t.Cleanup(func() {
+		admin.Exec(`ALTER SYSTEM RESET synchronous_standby_names`)
+		admin.Exec(`SELECT pg_reload_conf()`)
+	})
+	service, err := db.Open(context.Background(), e.dbURL, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer service.Close()
+	lane := db.NewInbox(service).Lane(10 * time.Second)
+	defer lane.Close()
+	tr := newTransfer("acc_u_"+e.name, "acc_v_"+e.name, 4)
+	ev, err := event.Decode(tr.body(), "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	worker, shutdown := context.WithCancel(context.Background())
+	defer shutdown()
+	applied := make(chan error, 1)
+	go func() {
+		_, err := lane.Apply(worker, ev)
+		applied <- err
+	}()
+
+	var pid int
+	waitFor(t, 30*time.Second, "the commit to wait for the standby", func() bool {
+		return admin.Get(&pid, `SELECT pid FROM pg_stat_activity WHERE datname = $1 AND wait_event = 'SyncRep'`, e.name) == nil
+	})
+	shutdown()
+	deadline := time.NewTimer(30 * time.Second)
+	defer deadline.Stop()
+	select {
+	case err := <-applied:
+		if err == nil {
+			t.Fatal("reported applied while its commit waited for a standby that never answered")
+		}
+	case <-deadline.C:
+		t.Fatal("the attempt did not return when the worker's context ended")
+	}
+	var claims, waiting int
+	e.db.Get(&claims, `SELECT count(*) FROM processed_event WHERE event_id = $1`, tr.EventID)
+	admin.Get(&waiting, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'SyncRep'`, pid)
+	if claims != 0 || waiting != 1 {
+		t.Errorf("after the shutdown, without a standby: %d claims visible, %d sessions waiting for it; want 0 and 1", claims, waiting)
+	}
+
+	admin.MustExec(`ALTER SYSTEM RESET synchronous_standby_names`)
+	admin.MustExec(`SELECT pg_reload_conf()`)
+	waitFor(t, 30*time.Second, "the attempt's session to end", func() bool {
+		var n int
+		return admin.Get(&n, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid) == nil && n == 0
+	})
+	if got := e.balance(tr.Data.ToAccount); got != 4 {
+		t.Errorf("balance = %d once the standby requirement was lifted, want 4: the commit did not complete", got)
+	}
+	log, err := os.ReadFile(filepath.Join(cluster.dir, "server.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := bytes.Index(log, []byte("canceling wait for synchronous replication")); i >= 0 {
+		t.Errorf("a cancel ended the commit's wait for the standby, leaving it committed locally only: %s", log[i:min(len(log), i+200)])
 	}
 }
