@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strconv"
 	"strings"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -71,12 +70,7 @@ func dropsLetters(cfg config.Config, conn *amqp.Connection, version string) (why
 // limit on the broker of version: on 3.x and 4.0–4.2 it does; from 4.3
 // only basic.reject and a closed channel do.
 func returnsSpend(version string) bool {
-	parts := strings.SplitN(version, ".", 3)
-	major, _ := strconv.Atoi(parts[0])
-	minor := 0
-	if len(parts) > 1 {
-		minor, _ = strconv.Atoi(parts[1])
-	}
+	major, minor := dlq.BrokerVersion(version)
 	return major < 4 || (major == 4 && minor < 3)
 }
 

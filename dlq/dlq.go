@@ -25,18 +25,27 @@ func Queue(prefix string) string { return prefix + ".dlq" }
 // message on its first return); from 4.0 the default is 20 and -1 disables it.
 func QueueArgs(brokerVersion string) amqp.Table {
 	args := amqp.Table{"x-queue-type": "quorum"}
-	if major(brokerVersion) >= 4 {
+	if major, _ := BrokerVersion(brokerVersion); major >= 4 {
 		args["x-delivery-limit"] = int64(-1)
 	}
 	return args
 }
 
-func major(version string) int {
-	n, err := strconv.Atoi(strings.SplitN(version, ".", 2)[0])
-	if err != nil {
-		return 0
+// BrokerVersion returns the major and minor numbers of a RabbitMQ version
+// such as "4.0.5", each 0 where it cannot be read. It lives here, beside
+// QueueArgs, because topology and cli, which also decide by the version,
+// import this package, and this package imports neither.
+func BrokerVersion(version string) (major, minor int) {
+	parts := strings.SplitN(version, ".", 3)
+	if n, err := strconv.Atoi(parts[0]); err == nil {
+		major = n
 	}
-	return n
+	if len(parts) > 1 {
+		if n, err := strconv.Atoi(parts[1]); err == nil {
+			minor = n
+		}
+	}
+	return major, minor
 }
 
 // Declare declares the dead-letter exchange (fanout: a dead letter keeps its

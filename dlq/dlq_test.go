@@ -28,6 +28,30 @@ func TestQueueArgsHaveNoDeliveryLimitThatDrops(t *testing.T) {
 	}
 }
 
+// BrokerVersion is what QueueArgs, topology's Verify and the cli's DLQ
+// guard decide by: 4.x against 3.x, and 4.3 against 4.0–4.2.
+func TestBrokerVersionReadsMajorAndMinor(t *testing.T) {
+	tests := []struct {
+		version      string
+		major, minor int
+	}{
+		{"3.13.7", 3, 13},
+		{"4.0.5", 4, 0},
+		{"4.3.0", 4, 3},
+		{"4.3", 4, 3},
+		{"4", 4, 0},
+		{"4.2.0-rc.1", 4, 2},
+		{"4.x.1", 4, 0}, // an unreadable part is 0
+		{"v4.1.0", 0, 1},
+		{"", 0, 0},
+	}
+	for _, tt := range tests {
+		if major, minor := BrokerVersion(tt.version); major != tt.major || minor != tt.minor {
+			t.Errorf("BrokerVersion(%q) = %d, %d, want %d, %d", tt.version, major, minor, tt.major, tt.minor)
+		}
+	}
+}
+
 func TestCopyKeepsTheMessageAndSaysWhy(t *testing.T) {
 	at := time.Date(2026, 7, 10, 12, 0, 0, 0, time.UTC)
 	d := amqp.Delivery{

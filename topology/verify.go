@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"strconv"
-	"strings"
 
 	"transferconsumer/dlq"
 )
@@ -92,7 +90,8 @@ func (q managedQueue) setting(name string) (any, bool) {
 func (t Spec) Verify(obs Observed) []Finding {
 	var out []Finding
 	add := func(f Finding) { out = append(out, f) }
-	major4 := majorVersion(obs.Version) >= 4
+	major, _ := dlq.BrokerVersion(obs.Version)
+	major4 := major >= 4
 	admin := "have an administrator run `transferconsumer topology` with this service's variables"
 
 	// The dead-letter side: a letter must reach a queue that keeps it.
@@ -329,14 +328,4 @@ func Stopped(findings []Finding) (queues []string, all bool) {
 		}
 	}
 	return queues, all
-}
-
-// majorVersion returns the major number of a broker version, 0 when it
-// cannot be read.
-func majorVersion(version string) int {
-	n, err := strconv.Atoi(strings.SplitN(version, ".", 2)[0])
-	if err != nil {
-		return 0
-	}
-	return n
 }
