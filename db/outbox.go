@@ -84,7 +84,7 @@ func deref(s *string) string {
 // errors, translated.
 func (in *Inbox) Park(ctx context.Context, l event.OutboxLetter) error {
 	var eventID *string
-	if isUUID(l.EventID) {
+	if event.IsUUID(l.EventID) {
 		eventID = &l.EventID
 	}
 	var id int64
@@ -135,25 +135,6 @@ func (in *Inbox) holdParked(ctx context.Context, id int64, answer <-chan error) 
 		}
 		_ = tx.Commit()
 	}()
-}
-
-// isUUID reports whether s is a UUID PostgreSQL accepts.
-func isUUID(s string) bool {
-	if len(s) != 36 {
-		return false
-	}
-	for i, c := range s {
-		switch {
-		case i == 8 || i == 13 || i == 18 || i == 23:
-			if c != '-' {
-				return false
-			}
-		case '0' <= c && c <= '9', 'a' <= c && c <= 'f', 'A' <= c && c <= 'F':
-		default:
-			return false
-		}
-	}
-	return true
 }
 
 // nullJSON is headers as a jsonb parameter: NULL when there are none.

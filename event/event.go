@@ -75,8 +75,10 @@ type wireData struct {
 	Currency    string          `json:"currency"`
 }
 
-// isUUID reports whether s is a UUID in its 8-4-4-4-12 hexadecimal form.
-func isUUID(s string) bool {
+// IsUUID reports whether s is a UUID in its 8-4-4-4-12 hexadecimal form,
+// in either case. It is exported for db, which stores a dead letter's
+// event id in a uuid column only when it is one.
+func IsUUID(s string) bool {
 	if len(s) != 36 {
 		return false
 	}
@@ -141,7 +143,7 @@ func decode(body []byte, messageID, msgType string) (Event, error) {
 		}
 		return Event{}, fmt.Errorf("body is not a JSON event: %w", err)
 	}
-	if !isUUID(w.EventID) {
+	if !IsUUID(w.EventID) {
 		return Event{}, fmt.Errorf("eventId %s is not a UUID", Quote(w.EventID))
 	}
 	ev := Event{ID: lower(w.EventID)}
@@ -175,7 +177,7 @@ func decode(body []byte, messageID, msgType string) (Event, error) {
 }
 
 func decodeTransfer(d *wireData) (Transfer, error) {
-	if !isUUID(d.TransferID) {
+	if !IsUUID(d.TransferID) {
 		return Transfer{}, fmt.Errorf("data.transferId %s is not a UUID", Quote(d.TransferID))
 	}
 	if err := checkAccount("data.fromAccount", d.FromAccount); err != nil {

@@ -163,3 +163,21 @@ func TestDecodePoisonKeepsWhatCouldBeRead(t *testing.T) {
 const validBody = `{"eventId":"3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10","eventType":"TransferCreated",
 "occurredAt":"2026-07-10T12:00:00Z","data":{"transferId":"0c8a4c0e-2d37-4c61-8f0e-1e5d2b7a9e33",
 "fromAccount":"acc_00001","toAccount":"acc_00002","amountMinor":10000,"currency":"EUR"}}`
+
+// db parks a dead letter's event id in a uuid column only when IsUUID
+// says so; anything else must not reach PostgreSQL's uuid parser.
+func TestIsUUID(t *testing.T) {
+	for s, want := range map[string]bool{
+		"3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d10": true,
+		"3F0B1F7E-8C1A-4A55-9A51-5B0A7C2F9D10": true,
+		"3f0b1f7e8c1a4a559a515b0a7c2f9d10":     false, // PostgreSQL takes it; the contract does not
+		"3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9d1g": false,
+		"3f0b1f7e-8c1a-4a55-9a51_5b0a7c2f9d10": false,
+		"3f0b1f7e-8c1a-4a55-9a51-5b0a7c2f9dé":  false, // 36 bytes, 35 characters
+		"":                                     false,
+	} {
+		if got := IsUUID(s); got != want {
+			t.Errorf("IsUUID(%q) = %v, want %v", s, got, want)
+		}
+	}
+}

@@ -88,7 +88,7 @@ func checkPoison(t *testing.T, err error) {
 func checkEvent(t *testing.T, ev Event, messageID, msgType string) {
 	tr := ev.Transfer
 	switch {
-	case !isUUID(ev.ID) || ev.ID != strings.ToLower(ev.ID), !isUUID(tr.ID) || tr.ID != strings.ToLower(tr.ID):
+	case !IsUUID(ev.ID) || ev.ID != strings.ToLower(ev.ID), !IsUUID(tr.ID) || tr.ID != strings.ToLower(tr.ID):
 		t.Fatalf("ids not canonical UUIDs: %+v", ev)
 	case !knownType(ev.Type):
 		t.Fatalf("unknown type %q decoded", ev.Type)
