@@ -214,16 +214,9 @@ type core struct {
 }
 
 func newCore(cfg coreConfig) *core {
-	max := maxInt(1, cfg.Max)
-	return &core{max: max, size: max, linger: cfg.Linger && max > 1, blame: true,
+	most := max(1, cfg.Max)
+	return &core{max: most, size: most, linger: cfg.Linger && most > 1, blame: true,
 		maxBody: cfg.MaxBody, canPark: cfg.CanPark}
-}
-
-func maxInt(a, b int) int {
-	if a > b {
-		return a
-	}
-	return b
 }
 
 // deliver takes a delivery in hand, with what the shell knows of it
@@ -310,7 +303,7 @@ func (c *core) applied(outs []event.Outcome, err error, class event.Class) {
 		}
 		c.failures, c.lastErr, c.backoff = 0, nil, false
 		c.size = min(c.max, c.size*2)
-		c.span = maxInt(0, c.span-n)
+		c.span = max(0, c.span-n)
 		return
 	}
 	for _, s := range tried {
@@ -349,7 +342,7 @@ func (c *core) applied(outs []event.Outcome, err error, class event.Class) {
 	c.failures++
 	c.lastErr = err
 	c.backoff = true
-	c.size = maxInt(1, n/2)
+	c.size = max(1, n/2)
 	for _, s := range tried {
 		s.Retries++
 		s.Err, s.Class = err, class

@@ -102,7 +102,7 @@ slots:
 	}
 	n := min(c.max, c.size, len(pending))
 	if c.span > 0 {
-		n = min(n, maxInt(1, c.span/2))
+		n = min(n, max(1, c.span/2))
 	}
 	if mayLinger && c.linger && !c.lingered && c.span == 0 && c.failures == 0 && len(pending) < c.max {
 		c.busy = cmdWait
