@@ -47,20 +47,10 @@ func (w *worker) apply(session context.Context, slots []*slot) (outs []event.Out
 		return []event.Outcome{{Result: res}}, nil
 	}
 	bl := w.lane.(BatchLane)
-	var span trace.Span
-	if t := w.svc.cfg.Tracer; t != nil {
-		span = startTransaction(t, w.tracedContext())
-		span.SetAttributes(attribute.Int("messaging.batch.message_count", len(evs)))
-	}
-	outs, err = bl.ApplyBatch(w.work, evs)
-	err = w.cut(err)
-	if span != nil {
-		if err != nil {
-			span.RecordError(err)
-			span.SetStatus(codes.Error, err.Error())
-		}
-		span.End()
-	}
+	err = w.inSpan(func() (err error) {
+		outs, err = bl.ApplyBatch(w.work, evs)
+		return w.cut(err)
+	}, attribute.Int("messaging.batch.message_count", len(evs)))
 	return outs, err
 }
 
@@ -71,19 +61,34 @@ func (w *worker) tracedContext() context.Context {
 	return context.Background()
 }
 
-// attempt applies ev once, within ApplyTimeout and while work lasts.
-func (w *worker) attempt(ev event.Event) (event.Result, error) {
-	if t := w.svc.cfg.Tracer; t != nil {
-		span := startTransaction(t, w.tracedContext())
-		res, err := w.attemptOnce(ev)
-		if err != nil {
-			span.RecordError(err)
-			span.SetStatus(codes.Error, err.Error())
-		}
-		span.End()
-		return res, err
+// inSpan runs do, the one transaction of an attempt, one event's or a
+// batch's, inside an apply_event span with attrs when a tracer is set, and
+// marks the span failed with do's error. The span is ended when do
+// returns, not deferred: a panic in do leaves it unended, and apply
+// recovers and logs the panic.
+func (w *worker) inSpan(do func() error, attrs ...attribute.KeyValue) error {
+	t := w.svc.cfg.Tracer
+	if t == nil {
+		return do()
 	}
-	return w.attemptOnce(ev)
+	span := startTransaction(t, w.tracedContext())
+	span.SetAttributes(attrs...)
+	err := do()
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+	return err
+}
+
+// attempt applies ev once, within ApplyTimeout and while work lasts.
+func (w *worker) attempt(ev event.Event) (res event.Result, err error) {
+	err = w.inSpan(func() (err error) {
+		res, err = w.attemptOnce(ev)
+		return err
+	})
+	return res, err
 }
 
 func (w *worker) attemptOnce(ev event.Event) (event.Result, error) {
