@@ -1,10 +1,8 @@
 package integration
 
 import (
-	"fmt"
 	"net/http"
 	"net/url"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -13,16 +11,15 @@ import (
 // The journal's stream failing under the running service: refusing its
 // entries, or deleted.
 
-// While the stream does not take the journal's entries, nothing is acked
-// and nothing is dead-lettered: the events go on being applied as far as
-// the prefetch holds, their acks wait, and the write is tried again in
-// place, and /readyz names the queue the journal blocks. Here the
-// service's user loses its permissions on the stream and the journal's
-// connection is closed, so the journal cannot open its stream again; once
-// the permissions are back, the entries are written, the acks go out, the
-// service is ready again, and every event is applied once and is in the
-// journal.
-func TestAStreamThatRefusesTheJournalHoldsTheAcksUntilItHeals(t *testing.T) {
+// While the stream does not take the journal's entries, they are kept in
+// the database and the events acked: nothing waits and nothing is
+// dead-lettered, and the acked events whose entries are only in the
+// database are counted unprotected. Here the service's user loses its
+// permissions on the stream and the journal's connection is closed, so the
+// journal cannot open its stream again; once the permissions are back,
+// the kept entries are written to the stream, the count is back at 0, and
+// every event is applied once and is in the journal.
+func TestAStreamThatRefusesTheJournalKeepsItsEntriesUntilItHeals(t *testing.T) {
 	parallel(t)
 	e := newEnv(t)
 	e.declare(2)
@@ -32,7 +29,7 @@ func TestAStreamThatRefusesTheJournalHoldsTheAcksUntilItHeals(t *testing.T) {
 	user := e.name + "_svc"
 	instance := e.name + "-svc"
 	proc := startProcess(t, e.serviceEnv(2, "AMQP_URL="+svcURL, "INSTANCE_NAME="+instance,
-		"JOURNAL_STREAM="+prefix+".journal"))
+		"JOURNAL_STREAM="+prefix+".journal", "JOURNAL_KEEP_AFTER=200ms"))
 	proc.waitConsuming(1)
 	before := e.publishMany(20, 4)
 	waitFor(t, 30*time.Second, "the first events applied and acked", func() bool {
@@ -42,33 +39,24 @@ func TestAStreamThatRefusesTheJournalHoldsTheAcksUntilItHeals(t *testing.T) {
 	e.setPermissions(user, readme["the service, `DECLARE_TOPOLOGY=true` (the default)"]) // nothing on the stream
 	e.closeConnections(instance + "-journal")
 	after := e.publishMany(40, 4)
-	waitFor(t, 60*time.Second, "later events applied, their journal refused", func() bool {
-		return e.inboxCount() > len(before) && proc.count("msg", journalRefused) > 0
-	})
-	if n := proc.count("outcome", "applied"); n != len(before) {
-		t.Fatalf("%d events acked while the stream refuses the journal, want the first %d only", n, len(before))
-	}
+	all := append(before, after...)
 	base := proc.httpAddr()
-	var ready map[string]any
-	waitFor(t, 30*time.Second, "/readyz 503 naming a queue the journal blocks", func() bool {
-		if getJSON(t, base+"/readyz", &ready) != 503 {
-			return false
-		}
-		blocked, _ := ready["blocked_queues"].([]any)
-		for _, b := range blocked {
-			if strings.Contains(fmt.Sprint(b.(map[string]any)["reason"]), "journal") {
-				return true
-			}
-		}
-		return false
+	waitFor(t, 60*time.Second, "later events applied and acked, their entries kept in the database", func() bool {
+		return e.inboxCount() == len(all) && proc.count("outcome", "applied") == len(all) &&
+			proc.count("msg", journalKept) > 0
 	})
+	if n := sumSeries(getText(t, base+"/metrics"), "transferconsumer_journal_unprotected_events"); n <= 0 {
+		t.Errorf("%v events counted unprotected while the stream refuses the journal, want those acked meanwhile", n)
+	}
 
 	e.setPermissions(user, withJournal)
-	all := append(before, after...)
-	waitFor(t, 60*time.Second, "every event applied and acked once the stream takes the journal again", func() bool {
-		return e.inboxCount() == len(all) && proc.count("outcome", "applied") == len(all)
+	waitFor(t, 60*time.Second, "every kept entry in the stream once it takes the journal again", func() bool {
+		return sumSeries(getText(t, base+"/metrics"), "transferconsumer_journal_unprotected_events") == 0
 	})
-	waitFor(t, 30*time.Second, "ready again", func() bool { return getJSON(t, base+"/readyz", &ready) == 200 })
+	var ready map[string]any
+	if code := getJSON(t, base+"/readyz", &ready); code != 200 {
+		t.Errorf("/readyz %d, want 200: %v", code, ready)
+	}
 	if err := proc.stop(syscall.SIGTERM, 20*time.Second); err != nil {
 		t.Errorf("exit after SIGTERM: %v", err)
 	}
@@ -107,7 +95,7 @@ func TestAStreamDeletedUnderTheServiceLosesNoEntry(t *testing.T) {
 	waitFor(t, 60*time.Second, "every event applied and acked", func() bool {
 		return e.inboxCount() == len(all) && proc.count("outcome", "applied") == len(all)
 	})
-	if n := proc.count("msg", journalRefused); n == 0 {
+	if n := proc.count("msg", journalKept); n == 0 {
 		t.Errorf("the service did not say the stream refused an entry")
 	}
 	if err := proc.stop(syscall.SIGTERM, 20*time.Second); err != nil {
@@ -122,9 +110,9 @@ func TestAStreamDeletedUnderTheServiceLosesNoEntry(t *testing.T) {
 	}
 }
 
-// journalRefused is what the service logs when the stream did not take a
-// transaction's entries.
-const journalRefused = "journal: the stream did not take a transaction's entries; its events are not acked, and the write is tried again"
+// journalKept is what the service logs when the stream did not take a
+// queue's entries and it keeps them in the database.
+const journalKept = "journal: the stream does not take the entries; they are kept in the database until it does, and their events acked"
 
 // setPermissions sets user's permissions on e's vhost to g.
 func (e *env) setPermissions(user string, g grants) {

@@ -294,3 +294,22 @@ func TestTwoRestoresOfOneQueueGoOnTogether(t *testing.T) {
 		t.Errorf("applied %v, mark %d (lane %d); want each once, in order, mark 10", db.applied, db.mark, a.Mark())
 	}
 }
+
+// A gap of a single entry is a gap: the database holds up to entry 4 and
+// the journal, its retention past, begins at entry 6, so event 5 is in
+// neither, and the queue waits, its count said (adr/0014).
+func TestAOneEntryGapIsReported(t *testing.T) {
+	db, s := &database{}, &stream{}
+	l := newLane(db, s)
+	applyAll(t, l, events(10), 1)
+	db.lose(6) // the database holds up to entry 4
+	s.trim(5)  // the journal from entry 6
+	_, err := applyBatch(t, l, events(11)[10:])
+	var short *ShortError
+	if !errors.As(err, &short) || short.Missing() != 1 || short.Mark != 4 || short.First != 6 {
+		t.Fatalf("%v, want a ShortError of 1 event (5)", err)
+	}
+	if len(db.applied) != 4 {
+		t.Fatalf("applied %v past the gap", db.applied)
+	}
+}
