@@ -107,7 +107,7 @@ func TestAnAlarmWithTheJournalDoesNotStopTheBacklog(t *testing.T) {
 // sumSeries sums every series of a metric, whatever its labels, in a
 // Prometheus text exposition; -1 when there is none.
 func sumSeries(text, name string) float64 {
-	ms := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + `(\{[^}]*\})? (\S+)$`).FindAllStringSubmatch(text, -1)
+	ms := regexp.MustCompile(`(?m)^`+regexp.QuoteMeta(name)+`(\{[^}]*\})? (\S+)$`).FindAllStringSubmatch(text, -1)
 	if ms == nil {
 		return -1
 	}
