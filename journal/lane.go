@@ -56,7 +56,12 @@ type store interface {
 // Wrap returns inner with the journal, for queue's worker. The journal's
 // watch checks the lane until it is closed, the first time at once.
 func (j *Journal) Wrap(queue string, inner event.MarkedLane, log *slog.Logger) *Lane {
-	l := makeLane(j, j.cfg, queue, inner, log)
+	return j.wrap(j, queue, inner, log)
+}
+
+// wrap is Wrap, the lane's entries going to s.
+func (j *Journal) wrap(s store, queue string, inner event.MarkedLane, log *slog.Logger) *Lane {
+	l := makeLane(s, j.cfg, queue, inner, log)
 	j.watch(l)
 	return l
 }

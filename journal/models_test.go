@@ -106,6 +106,10 @@ type stream struct {
 	head    time.Time // when its first entry was written
 	reads   int
 	page    int    // entries per page; 2 when 0
+	// stuck: a read does not answer; stuckFor is how long the last
+	// one's context would have waited for it.
+	stuck    bool
+	stuckFor time.Duration
 	atPage  func() // runs before each page is handed over
 
 	// The lane's appender writes from a goroutine of its own: the
@@ -189,8 +193,15 @@ func (s *stream) take(queue string, msgs []event.Spilled) error {
 
 // readAll hands over pages of two entries, unless told otherwise, so that
 // restores cross pages.
-func (s *stream) readAll(_ context.Context, since time.Time, wants map[string]*want) error {
+func (s *stream) readAll(ctx context.Context, since time.Time, wants map[string]*want) error {
 	s.reads++
+	if s.stuck {
+		// A stream that does not answer would hold the read as long as
+		// its context lets it: that is what is said.
+		d, _ := ctx.Deadline()
+		s.stuckFor = time.Until(d)
+		return errors.New("the stream does not answer")
+	}
 	size := cmp.Or(s.page, 2)
 	page := func(w *want) {
 		if s.atPage != nil {

@@ -17,15 +17,20 @@ import (
 // a journal that does not reach back) is logged, and its worker's lane
 // restores it itself before its first event. It takes at most checkFor.
 func (j *Journal) Prime(ctx context.Context, queues []string, newLane func() event.MarkedLane, log *slog.Logger) {
+	j.prime(ctx, j, queues, newLane, log)
+}
+
+// prime is Prime, reading s.
+func (j *Journal) prime(ctx context.Context, s store, queues []string, newLane func() event.MarkedLane, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(ctx, checkFor)
 	defer cancel()
 	lanes := make([]*Lane, len(queues))
 	for i, q := range queues {
-		lanes[i] = j.Wrap(q, newLane(), log)
+		lanes[i] = j.wrap(s, q, newLane(), log)
 		defer lanes[i].Close()
 	}
 	start := time.Now()
-	applied, errs := recoverAll(ctx, j, lanes)
+	applied, errs := recoverAll(ctx, s, lanes)
 	total := 0
 	for _, q := range queues {
 		total += applied[q]

@@ -11,11 +11,16 @@ import (
 // failover behind PgBouncer) shows no new connection to the service.
 const CheckEvery = 30 * time.Second
 
-// checkFor bounds one lane's check, its restore included, so that a
-// stream that does not answer holds the watch (and the lane) only so
-// long; a restore cut short keeps what it applied, and the next check or
-// the queue's next event goes on from there.
-const checkFor = 2 * time.Minute
+// checkFor bounds the start's restore of every queue (Prime), and
+// watchFor one lane's check by the watch, its restore included: the lane
+// is held meanwhile, and its worker's next event waits for it, so a
+// stream that does not answer holds it only so long. A restore cut short
+// keeps what it applied, and the next check or the queue's next event
+// goes on from there.
+const (
+	checkFor = 2 * time.Minute
+	watchFor = 10 * time.Second
+)
 
 // watch adds l to the lanes the watch checks, kicks the watch, and has
 // l's Close take it out.
@@ -77,20 +82,25 @@ func (j *Journal) Watch(ctx context.Context, every time.Duration, log *slog.Logg
 		case <-t.C:
 		case <-j.kicked():
 		}
-		j.lanesMu.Lock()
-		lanes := make([]*Lane, 0, len(j.lanes))
-		for l := range j.lanes {
-			lanes = append(lanes, l)
-		}
-		j.lanesMu.Unlock()
-		for _, l := range lanes {
-			check, cancel := context.WithTimeout(ctx, checkFor)
-			_, err := l.Check(check)
-			cancel()
-			if err != nil && ctx.Err() == nil {
-				log.Warn("journal: could not compare the queue's journal with the database; its next event, or the next check, tries again",
-					"queue", l.queue, "err", err)
-			}
+		j.checkAll(ctx, log)
+	}
+}
+
+// checkAll checks every lane once, each for watchFor at most.
+func (j *Journal) checkAll(ctx context.Context, log *slog.Logger) {
+	j.lanesMu.Lock()
+	lanes := make([]*Lane, 0, len(j.lanes))
+	for l := range j.lanes {
+		lanes = append(lanes, l)
+	}
+	j.lanesMu.Unlock()
+	for _, l := range lanes {
+		check, cancel := context.WithTimeout(ctx, watchFor)
+		_, err := l.Check(check)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			log.Warn("journal: could not compare the queue's journal with the database; its next event, or the next check, tries again",
+				"queue", l.queue, "err", err)
 		}
 	}
 }

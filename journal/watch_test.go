@@ -245,3 +245,36 @@ func TestAStartRestoresEveryQueueInOneRead(t *testing.T) {
 		}
 	}
 }
+
+// A restore the watch starts holds its lane, and so the queue's next
+// event, for watchFor (10 s) at most, whatever the stream does: here the
+// stream does not answer, and the check's read is bounded by 10 s
+// (adr/0014), not by the start's two minutes.
+func TestTheWatchHoldsALaneTenSecondsAtMost(t *testing.T) {
+	db, s := &database{}, &stream{}
+	l := newLane(db, s)
+	applyAll(t, l, events(3), 1)
+	db.lose(1)
+	s.stuck = true
+	j := &Journal{}
+	j.watch(l)
+	j.checkAll(t.Context(), l.log)
+	if s.stuckFor <= 0 || s.stuckFor > 10*time.Second {
+		t.Fatalf("the check's read could last %s, want 10 s at most", s.stuckFor)
+	}
+}
+
+// The restores of the start (Prime) are counted, as every other restore
+// is: its lanes report to the journal's Reports, set before any lane
+// opens.
+func TestTheStartsRestoresAreCounted(t *testing.T) {
+	db, s := &database{}, &stream{}
+	applyAll(t, newLane(db, s), events(5), 1)
+	db.lose(2)
+	var restored int
+	j := &Journal{cfg: Config{Reports: Reports{Restored: func(_ string, n int) { restored += n }}}}
+	j.prime(t.Context(), s, []string{"q.0"}, func() event.MarkedLane { return modelLane{db} }, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if restored != 2 || db.mark != 5 {
+		t.Fatalf("the start restored up to %d and counted %d, want 5 and 2", db.mark, restored)
+	}
+}
