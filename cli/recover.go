@@ -27,7 +27,9 @@ after a restore to know at once. Running beside the service is harmless.
 When the journal no longer reaches back to a queue's mark (its retention
 took entries no one holds now), it says how many events at most are lost
 and since when, and exits 1: the service does not consume that queue
-until --accept-loss moves the queue's mark past them.
+until --accept-loss moves the queue's mark past them. The same holds for
+a journal message that no longer decodes: it names the entries it holds,
+and --accept-loss moves the mark past them.
 
 Flags:
   --accept-loss   accept the loss a queue's report names, and restore the rest
@@ -78,7 +80,12 @@ func recoverCommand(ctx context.Context, cfg config.Config, accept bool, stdout,
 		n, err := applied[queue], errs[queue]
 		var se *journal.ShortError
 		if errors.As(err, &se) && accept {
-			fmt.Fprintf(stdout, "%s: accepted the loss of up to %d events acked after %s\n", queue, se.Missing(), se.Since.UTC().Format("2006-01-02T15:04:05Z"))
+			if se.Unreadable != nil {
+				fmt.Fprintf(stdout, "%s: accepted the loss of entries %d to %d, whose journal message at offset %v does not decode: %v\n",
+					queue, se.Mark+1, se.First-1, se.Offset, se.Unreadable)
+			} else {
+				fmt.Fprintf(stdout, "%s: accepted the loss of up to %d events acked after %s\n", queue, se.Missing(), se.Since.UTC().Format("2006-01-02T15:04:05Z"))
+			}
 			if err = l.AcceptLoss(ctx, se); err == nil {
 				n, err = l.Recover(ctx)
 			}

@@ -313,3 +313,36 @@ func TestAOneEntryGapIsReported(t *testing.T) {
 		t.Fatalf("applied %v past the gap", db.applied)
 	}
 }
+
+// A journal message that no longer decodes does not block its queue for
+// good: the entries before it are applied, then the queue waits, reported
+// as one whose journal does not reach back is, naming the entries that
+// message holds, and its retries read nothing while the mark stays; once
+// an operator accepts their loss (recover --accept-loss), the rest is
+// restored.
+func TestAnEntryThatNoLongerDecodesIsReportedAndItsLossCanBeAccepted(t *testing.T) {
+	db, s := &database{}, &stream{}
+	l := newLane(db, s)
+	applyAll(t, l, events(6), 1)
+	db.lose(4) // the database holds up to entry 2
+	s.bad = map[int64]bool{4: true}
+	_, err := l.Recover(t.Context())
+	var short *ShortError
+	if !errors.As(err, &short) || short.Unreadable == nil || short.Mark != 3 || short.First != 5 || short.Missing() != 1 {
+		t.Fatalf("%v, want the entry 4 named as not decoding, after entry 3 applied", err)
+	}
+	reads := s.reads
+	if _, err := l.Recover(t.Context()); !errors.As(err, &short) || s.reads != reads {
+		t.Fatalf("retry: %v after %d reads; want the same report, without reading", err, s.reads-reads)
+	}
+	if err := l.AcceptLoss(t.Context(), short); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := l.Recover(t.Context()); err != nil || n != 2 {
+		t.Fatalf("recover after accepting the loss: %d, %v; want 2 entries", n, err)
+	}
+	want := []string{"ev-000", "ev-001", "ev-002", "ev-004", "ev-005"}
+	if !slices.Equal(db.applied, want) || db.mark != 6 {
+		t.Errorf("applied %v, mark %d; want %v, 6", db.applied, db.mark, want)
+	}
+}

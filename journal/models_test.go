@@ -110,6 +110,8 @@ type stream struct {
 	// one's context would have waited for it.
 	stuck    bool
 	stuckFor time.Duration
+	// bad: the entries whose message no longer decodes.
+	bad map[int64]bool
 	atPage  func() // runs before each page is handed over
 
 	// The lane's appender writes from a goroutine of its own: the
@@ -216,6 +218,10 @@ func (s *stream) readAll(ctx context.Context, since time.Time, wants map[string]
 	for _, e := range s.entries {
 		w := wants[e.Queue]
 		if w == nil || w.err != nil {
+			continue
+		}
+		if s.bad[e.Seq] {
+			w.unreadable(e.Seq, e.Seq, e.Seq, errors.New("no longer decodes"))
 			continue
 		}
 		w.take(e)

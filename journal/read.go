@@ -68,6 +68,41 @@ func (w *want) take(e Entry) {
 	}
 }
 
+// unreadable: a message of the queue, holding entries first … last, does
+// not decode.
+type unreadable struct {
+	first, last int64
+	offset      any
+	err         error
+}
+
+func (u *unreadable) Error() string {
+	return fmt.Sprintf("entries %d to %d at offset %v do not decode: %v", u.first, u.last, u.offset, u.err)
+}
+
+// unreadable notes a message of w's queue, holding entries first … last,
+// that does not decode. One above the mark ends the queue's read, once
+// the entries before it are handed over: it returns true then. One at or
+// below the mark, or a copy, needs no reading.
+func (w *want) unreadable(first, last int64, offset any, err error) bool {
+	f := &w.found
+	if f.First == 0 {
+		f.First = first
+	}
+	if last <= w.after || (w.taken.has(first) && w.taken.has(last)) {
+		f.Tail = max(f.Tail, last)
+		return false
+	}
+	// The entries before it go first, and the page judges, as for any
+	// entry, whether the read reached back to the mark.
+	w.err = w.page(*f)
+	f.Entries = nil
+	if w.err == nil {
+		w.err = &unreadable{first: first, last: last, offset: offset, err: err}
+	}
+	return true
+}
+
 // seqs is a set of sequences, as sorted runs of consecutive ones: a
 // queue's entries come in runs, so the set stays a few runs long however
 // many entries a restore reads.
@@ -182,7 +217,15 @@ func (j *Journal) readAll(ctx context.Context, since time.Time, wants map[string
 		}
 		entries, err := decode(q, d.Body)
 		if err != nil {
-			return fmt.Errorf("journal %s: a message of %s at offset %v: %w", j.cfg.Stream, q, d.Headers["x-stream-offset"], err)
+			first, ok1 := d.Headers[hFirst].(int64)
+			last, ok2 := d.Headers[hLast].(int64)
+			if !ok1 || !ok2 || last < first {
+				return fmt.Errorf("journal %s: a message of %s at offset %v: %w", j.cfg.Stream, q, d.Headers["x-stream-offset"], err)
+			}
+			if w.unreadable(first, last, d.Headers["x-stream-offset"], err) {
+				open--
+			}
+			continue
 		}
 		f := &w.found
 		for _, e := range entries {

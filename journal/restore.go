@@ -16,17 +16,30 @@ import (
 // queue's gap. The entries between the database's mark and the journal's
 // first entry of the queue are gone with the stream's retention, unless
 // they were never written.
+//
+// Or, when Unreadable is set: the journal holds the queue's entries
+// between Mark and First, but one of its messages, at Offset, no longer
+// decodes (a body written by a version that differs, a damaged segment),
+// so they cannot be applied again.
 type ShortError struct {
 	Queue       string
-	Mark, First int64     // the database's mark; the journal's first entry of the queue
+	Mark, First int64     // the database's mark; the journal's first entry of the queue after the loss
 	Since       time.Time // when the database's mark moved last
 	Head        time.Time // the journal's first entry's time
+	Unreadable  error     // why the message that holds Mark+1 … First-1 does not decode; nil for a retention gap
+	Offset      any       // that message's offset in the stream
 }
 
 // Missing is how many events at most the journal cannot restore.
 func (e *ShortError) Missing() int64 { return e.First - e.Mark - 1 }
 
 func (e *ShortError) Error() string {
+	if e.Unreadable != nil {
+		return fmt.Sprintf("journal: queue %s cannot be restored whole: the database holds up to entry %d, "+
+			"and the journal's message at offset %v, which holds entries %d to %d, does not decode (%v), so those %d events "+
+			"cannot be applied again; the queue waits until an operator runs transferconsumer recover --accept-loss (adr/0014)",
+			e.Queue, e.Mark, e.Offset, e.Mark+1, e.First-1, e.Unreadable, e.Missing())
+	}
 	return fmt.Sprintf("journal: queue %s cannot be restored whole: the database holds up to entry %d (moved %s), "+
 		"the journal begins at %s and its first entry of the queue is %d, so up to %d events acked after %s are in neither; "+
 		"the queue waits until an operator runs transferconsumer recover --accept-loss (adr/0014)",
@@ -110,6 +123,10 @@ func (r *restoring) finish(found Found, err error) (int, error) {
 	if err == nil && !r.started {
 		err = r.judge(found)
 	}
+	var u *unreadable
+	if errors.As(err, &u) {
+		err = r.unreadable(u)
+	}
 	if err != nil {
 		return r.applied, err
 	}
@@ -124,6 +141,27 @@ func (r *restoring) finish(found Found, err error) (int, error) {
 			"from_seq", r.mark+1, "to_seq", r.prev)
 	}
 	return r.applied, nil
+}
+
+// unreadable reports u, a message of the queue that does not decode, met
+// once the entries before it were applied: the queue waits, as for a
+// journal that does not reach back, until the loss of its entries is
+// accepted. A message past the first the queue needs is read only once
+// those before it are applied, so its entries start at the mark.
+func (r *restoring) unreadable(u *unreadable) error {
+	l := r.l
+	if u.first != r.prev+1 {
+		return fmt.Errorf("journal: queue %s: the message at offset %v holds entries %d to %d and does not decode (%w), "+
+			"but the database holds up to entry %d", l.queue, u.offset, u.first, u.last, u.err, r.prev)
+	}
+	_, at, err := l.inner.Marked(r.ctx, l.queue)
+	if err != nil {
+		return err
+	}
+	l.short = &ShortError{Queue: l.queue, Mark: r.prev, First: u.last + 1, Since: at, Unreadable: u.err, Offset: u.offset}
+	l.log.Error("journal: a message of the queue does not decode; the queue waits until recover --accept-loss",
+		"queue", l.queue, "from_seq", u.first, "to_seq", u.last, "offset", u.offset, "err", u.err)
+	return l.short
 }
 
 // AcceptLoss moves the queue's mark past what a *ShortError says the
