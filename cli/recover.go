@@ -65,6 +65,7 @@ func recoverCommand(ctx context.Context, cfg config.Config, accept bool, stdout,
 	in := db.NewInbox(database)
 	jr := journal.New(cfg.Journal())
 	defer jr.Close()
+	jr.Use(in)
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	// Every queue in one read of the stream; those whose loss is accepted
 	// are read again alone.

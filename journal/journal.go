@@ -99,6 +99,10 @@ type Config struct {
 	// (JOURNAL_KEEP_AFTER). Without it, the acks wait for the stream.
 	Spill     event.JournalSpill
 	KeepAfter time.Duration
+	// Letters, when set, is where an entry the database refuses when it
+	// is applied again goes, as a dead letter with its reason (the
+	// outbox, which the service drains to the dead-letter queue).
+	Letters Parker
 	// Reports is what the journal tells the service.
 	Reports Reports
 }
@@ -154,9 +158,22 @@ var errBlocked = errors.New("the broker blocks publishing (a memory or disk alar
 // New returns a journal over cfg; it connects when first used.
 func New(cfg Config) *Journal { return &Journal{cfg: cfg} }
 
-// KeepIn has the journal keep a queue's entries in s while the stream does
-// not take them (Config.Spill). It must be called before any lane opens.
-func (j *Journal) KeepIn(s event.JournalSpill) { j.cfg.Spill = s }
+// Parker writes a dead letter to the database's outbox.
+type Parker interface {
+	Park(ctx context.Context, l event.OutboxLetter) error
+}
+
+// Database is what the journal keeps in the database besides the mark.
+type Database interface {
+	event.JournalSpill
+	Parker
+}
+
+// Use has the journal keep a queue's entries in d while the stream does
+// not take them (Config.Spill), and dead-letter there an entry the
+// database refuses when applied again (Config.Letters). It must be called
+// before any lane opens.
+func (j *Journal) Use(d Database) { j.cfg.Spill, j.cfg.Letters = d, d }
 
 // Args are the stream's arguments.
 func (c Config) Args() amqp.Table {

@@ -26,6 +26,7 @@ type Lane struct {
 	inner   event.MarkedLane
 	log     *slog.Logger
 	reports Reports
+	letters Parker
 	onClose func(prev int64, synced bool)
 
 	// mu makes the worker's applies, the watch's checks and the restores
@@ -73,7 +74,7 @@ func makeLane(s store, cfg Config, queue string, inner event.MarkedLane, log *sl
 	if keepAfter <= 0 {
 		keepAfter = DefaultKeepAfter
 	}
-	return &Lane{j: s, queue: queue, inner: inner, log: log, reports: cfg.Reports,
+	return &Lane{j: s, queue: queue, inner: inner, log: log, reports: cfg.Reports, letters: cfg.Letters,
 		out: appender{j: s, spill: cfg.Spill, keepAfter: keepAfter, queue: queue, log: log, reports: cfg.Reports}}
 }
 

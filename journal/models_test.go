@@ -354,3 +354,17 @@ func (k *spill) kept() int {
 	n, _ := k.Kept(context.Background(), "")
 	return n
 }
+
+// outbox is a model of the database's dead-letter outbox.
+type outbox struct {
+	letters []event.OutboxLetter
+	down    error
+}
+
+func (o *outbox) Park(_ context.Context, l event.OutboxLetter) error {
+	if o.down != nil {
+		return o.down
+	}
+	o.letters = append(o.letters, l)
+	return nil
+}

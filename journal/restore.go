@@ -274,8 +274,13 @@ func (r *restoring) apply(entries []Entry) error {
 	case err == nil: // outs is nil when another reader's restore applied them
 	case event.CausedByMessage(event.ClassOf(ctx, err)):
 		// It was applied once, so it should apply again; if the database
-		// refuses it now, move past it and say so.
+		// refuses it now, it ends as a dead letter with its reason, the
+		// letter written before the mark moves past it: nothing acked
+		// vanishes (twice at most, should the move fail after it).
 		refused = err
+		if err := l.letter(ctx, entries[0], refused); err != nil {
+			return err
+		}
 		if _, held, err = l.move(ctx, nil, r.prev, last); err != nil {
 			return err
 		}
@@ -302,8 +307,27 @@ func (r *restoring) apply(entries []Entry) error {
 
 // refused logs an entry that the database refused when applied again.
 func (l *Lane) refused(e Entry, err error) {
-	l.log.Error("journal: an entry the service had applied and acked was refused when applied again; it stays in the journal",
+	l.log.Error("journal: an entry the service had applied and acked was refused when applied again; it goes to the dead-letter queue",
 		"queue", l.queue, "seq", e.Seq, "event_id", e.Event.ID, "err", err)
+}
+
+// letter writes e's dead letter, for refused, to the outbox, which the
+// service drains to the dead-letter queue.
+func (l *Lane) letter(ctx context.Context, e Entry, refused error) error {
+	if l.letters == nil {
+		return fmt.Errorf("journal: entry %d of %s was refused when applied again (%w), and there is nowhere to dead-letter it", e.Seq, l.queue, refused)
+	}
+	m := e.Event.Message
+	err := l.letters.Park(ctx, event.OutboxLetter{
+		EventID: e.Event.ID, EventType: e.Event.Type, Class: string(event.ClassOf(ctx, refused)),
+		Reason: fmt.Sprintf("applied and acked once, then refused when applied again from the journal (entry %d of %s): %v", e.Seq, l.queue, refused),
+		RoutingKey: m.RoutingKey, MessageID: m.MessageID, ContentType: m.ContentType, Body: m.Body,
+		Headers: event.HeadersJSON(m.Headers), Queue: l.queue, At: time.Now(),
+	})
+	if err != nil {
+		return fmt.Errorf("journal: dead-letter entry %d of %s, refused when applied again: %w", e.Seq, l.queue, err)
+	}
+	return nil
 }
 
 // move applies evs (none: moves the mark alone) with the mark from prev to
