@@ -56,3 +56,12 @@ type journaledLane interface {
 	// has committed so far may be acked; nil when all may be.
 	Journaled() <-chan struct{}
 }
+
+// parkingLane is a journaledLane that parks a dead letter itself, in a
+// transaction that journals it (the journal's, adr/0014): the ack of a
+// parked letter then waits for its entry, as an applied event's does, so
+// that a failover or a restore that takes the parking back finds it.
+type parkingLane interface {
+	journaledLane
+	Park(ctx context.Context, l event.OutboxLetter) error
+}

@@ -72,12 +72,21 @@ func (w *worker) park(s *slot) (copyFact, error) {
 	if typ == "" {
 		typ = h.d.Type
 	}
-	err := w.parker.Park(ctx, event.OutboxLetter{
+	letter := event.OutboxLetter{
 		EventID: w.eventID(s), EventType: typ, Class: string(s.Class), Reason: s.Err.Error(),
 		RoutingKey: h.d.RoutingKey, MessageID: h.d.MessageId, ContentType: h.d.ContentType,
 		Body: h.d.Body, Headers: event.HeadersJSON(h.d.Headers), Queue: w.queue, At: w.now(),
 		Abandoned: h.abandoned,
-	})
+	}
+	var err error
+	if pl, ok := w.lane.(parkingLane); ok {
+		// Journaled with the queue's mark: the ack waits for its entry.
+		if err = pl.Park(ctx, letter); err == nil {
+			h.journaled = pl.Journaled()
+		}
+	} else {
+		err = w.parker.Park(ctx, letter)
+	}
 	if err != nil {
 		return factParkFailed, fmt.Errorf("park a dead letter during a broker alarm: %w", err)
 	}

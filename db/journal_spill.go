@@ -95,3 +95,52 @@ func (in *Inbox) Kept(ctx context.Context, queue string) (int, error) {
 	}
 	return n, nil
 }
+
+// ParkMarked parks l, a dead letter, in dead_letter_outbox as Park does,
+// and moves the journal's mark from m.Prev to m.Last in the same
+// transaction and the same round trip, so that the journal holds the
+// letter as an entry of its queue (adr/0014): a failover or a restore that
+// takes this commit back is found by the mark, and the restore parks the
+// letter again. A gap (event.ErrJournalGap) fails it before it parks
+// anything. It implements the journal's MarkedParker.
+func (l *lane) ParkMarked(ctx context.Context, lt event.OutboxLetter, m event.Mark) error {
+	var id int64
+	call := func(b *strings.Builder) error {
+		b.WriteString("WITH moved AS (SELECT true")
+		writeMark(b, &m)
+		b.WriteString(") INSERT INTO dead_letter_outbox (event_id, queue, event_type, class, reason, routing_key, body, headers, message_id, content_type) SELECT ")
+		if event.IsUUID(lt.EventID) {
+			writeText(b, lt.EventID)
+			b.WriteString("::uuid")
+		} else {
+			b.WriteString("NULL")
+		}
+		for _, v := range []string{lt.Queue, lt.EventType, lt.Class, lt.Reason, lt.RoutingKey} {
+			b.WriteString(", ")
+			writeText(b, storableText(v))
+		}
+		b.WriteString(", ")
+		writeBytes(b, lt.Body)
+		b.WriteString(", ")
+		if h := storableHeaders(lt.Headers); len(h) > 0 {
+			writeText(b, string(h))
+			b.WriteString("::jsonb")
+		} else {
+			b.WriteString("NULL")
+		}
+		for _, v := range []string{lt.MessageID, lt.ContentType} {
+			b.WriteString(", NULLIF(")
+			writeText(b, storableText(v))
+			b.WriteString(", '')")
+		}
+		b.WriteString(" FROM moved RETURNING id")
+		return nil
+	}
+	if err := l.run(ctx, call, &id); err != nil {
+		return fmt.Errorf("park the dead letter of event %s with the journal's mark of %s: %w", lt.EventID, m.Queue, translate(err))
+	}
+	if lt.Abandoned != nil {
+		l.in.holdParked(ctx, id, lt.Abandoned)
+	}
+	return nil
+}

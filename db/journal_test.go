@@ -109,3 +109,44 @@ func TestJournalSpillKeepsAQueuesMessagesInOrder(t *testing.T) {
 		t.Fatalf("the other queue's kept entries: %d, want 3", n)
 	}
 }
+
+// A dead letter parked with the journal's mark is in the outbox and the
+// mark moved, both in one round trip; from a mark the database does not
+// hold it fails with ErrJournalGap and parks nothing.
+func TestAParkedLetterMovesTheJournalMark(t *testing.T) {
+	in := NewInbox(testDB(t, 4))
+	l := in.Lane(0).(*lane)
+	defer l.Close()
+	queue := "q-" + newID()
+	id := newID()
+	letter := event.OutboxLetter{EventID: id, EventType: "TransferCreated", Class: "poison", Reason: "it's bad",
+		RoutingKey: "acc_x", Body: []byte("{\x00"), Headers: []byte(`{"h":"v"}`), Queue: queue, MessageID: "m-1"}
+	if err := l.ParkMarked(t.Context(), letter, event.Mark{Queue: queue, Prev: 0, Last: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Reason  string  `db:"reason"`
+		Body    []byte  `db:"body"`
+		Headers *string `db:"headers"`
+		Message *string `db:"message_id"`
+		Type    *string `db:"content_type"`
+	}
+	if err := in.db.Get(&got, `SELECT reason, body, headers::text, message_id, content_type FROM dead_letter_outbox WHERE event_id = $1`, id); err != nil {
+		t.Fatal(err)
+	}
+	if got.Reason != "it's bad" || string(got.Body) != "{\x00" || got.Headers == nil || *got.Headers != `{"h": "v"}` ||
+		got.Message == nil || *got.Message != "m-1" || got.Type != nil {
+		t.Fatalf("parked %+v", got)
+	}
+	if seq, _, err := l.Marked(t.Context(), queue); err != nil || seq != 1 {
+		t.Fatalf("mark %d (%v), want 1", seq, err)
+	}
+	letter.EventID = newID()
+	if err := l.ParkMarked(t.Context(), letter, event.Mark{Queue: queue, Prev: 5, Last: 6}); !errors.Is(err, event.ErrJournalGap) {
+		t.Fatalf("from a mark the database does not hold: %v, want ErrJournalGap", err)
+	}
+	var n int
+	if err := in.db.Get(&n, `SELECT count(*) FROM dead_letter_outbox WHERE event_id = $1`, letter.EventID); err != nil || n != 0 {
+		t.Fatalf("the gap's park left %d letters (%v)", n, err)
+	}
+}

@@ -22,7 +22,7 @@ import (
 // counted in transferconsumer_journal_unprotected_events; once the alarm
 // clears, every entry reaches the stream, the count is back at 0, every
 // event is applied once and is in the journal, and each poison's letter
-// reaches the DLQ.
+// reaches the DLQ, each poison's parked letter being in the journal too.
 func TestAnAlarmWithTheJournalDoesNotStopTheBacklog(t *testing.T) {
 	for _, alarm := range []struct {
 		name string
@@ -94,6 +94,14 @@ func TestAnAlarmWithTheJournalDoesNotStopTheBacklog(t *testing.T) {
 			for _, tr := range all {
 				if !journaled[tr.EventID] {
 					t.Errorf("event %s acked, not in the journal", tr.EventID)
+				}
+			}
+			// Each poison's letter, parked during the alarm and its
+			// message acked, is journaled too: a failover that took the
+			// parking back would have it parked again.
+			for i := range 10 {
+				if key := fmt.Sprintf("acc_poison%d_%s", i, e.name); !journaled[letterKey(key)] {
+					t.Errorf("the letter of the poison on %s, parked during the alarm, is not in the journal", key)
 				}
 			}
 			var kept int

@@ -324,7 +324,8 @@ func (e *env) checkRestored(proc *process, events []transfer, lost int) {
 
 // journaled reads the whole journal stream through one of amqpURLs, up
 // to a fence it appends, and returns the ids of the events its entries
-// hold (those not dead-lettered). A node started again may not run its
+// hold (those not dead-lettered), and letterKey of the routing key of each
+// dead letter parked during an alarm. A node started again may not run its
 // replica of the stream yet: it tries the next, until one answers.
 func (e *env) journaled(amqpURLs []string, stream string) map[string]bool {
 	e.t.Helper()
@@ -388,8 +389,10 @@ func readJournal(amqpURL, stream string) (map[string]bool, error) {
 				continue
 			}
 			var entries []struct {
-				Dead bool `json:"deadLettered"`
-				Body struct {
+				Dead       bool      `json:"deadLettered"`
+				Letter     *struct{} `json:"letter"`
+				RoutingKey string    `json:"routingKey"`
+				Body       struct {
 					EventID string `json:"eventId"`
 				} `json:"body"`
 			}
@@ -397,7 +400,10 @@ func readJournal(amqpURL, stream string) (map[string]bool, error) {
 				return nil, fmt.Errorf("a journal message: %w", err)
 			}
 			for _, en := range entries {
-				if !en.Dead {
+				switch {
+				case en.Letter != nil: // a dead letter parked during an alarm
+					out[letterKey(en.RoutingKey)] = true
+				case !en.Dead:
 					out[en.Body.EventID] = true
 				}
 			}
@@ -406,3 +412,7 @@ func readJournal(amqpURL, stream string) (map[string]bool, error) {
 		}
 	}
 }
+
+// letterKey is how journaled names the entry of a dead letter parked
+// during an alarm: by its routing key.
+func letterKey(routingKey string) string { return "letter " + routingKey }

@@ -52,6 +52,7 @@ const maxMessage = 1 << 20
 type wireEntry struct {
 	Seq         int64           `json:"seq"`
 	Dead        bool            `json:"deadLettered,omitempty"`
+	Letter      *wireLetter     `json:"letter,omitempty"`
 	Type        string          `json:"type,omitempty"`
 	MessageID   string          `json:"messageId,omitempty"`
 	ContentType string          `json:"contentType,omitempty"`
@@ -60,10 +61,26 @@ type wireEntry struct {
 	Body        json.RawMessage `json:"body"`
 }
 
+// wireLetter is what a letter's entry keeps besides the message: the
+// letter's own fields, and the body, which need not be JSON, in base64.
+type wireLetter struct {
+	EventID   string `json:"eventId,omitempty"`
+	EventType string `json:"eventType,omitempty"`
+	Class     string `json:"class"`
+	Reason    string `json:"reason"`
+	Body      []byte `json:"body"`
+}
+
 // appendEntry appends e's wire form to b: its other fields through
 // encoding/json, then its headers and body as they are, without the
 // copy and the check json.RawMessage would make of them.
 func appendEntry(b []byte, e Entry) ([]byte, error) {
+	if lt := e.Letter; lt != nil {
+		w, err := json.Marshal(wireEntry{Seq: e.Seq, Dead: true, MessageID: lt.MessageID, ContentType: lt.ContentType,
+			RoutingKey: lt.RoutingKey, Headers: json.RawMessage(lt.Headers), Body: json.RawMessage("null"),
+			Letter: &wireLetter{EventID: lt.EventID, EventType: lt.EventType, Class: lt.Class, Reason: lt.Reason, Body: lt.Body}})
+		return append(b, w...), err
+	}
 	m := e.Event.Message
 	meta, err := json.Marshal(wireEntry{Seq: e.Seq, Dead: e.Dead, Type: e.Event.Type, MessageID: m.MessageID,
 		ContentType: m.ContentType, RoutingKey: m.RoutingKey, Body: json.RawMessage("null")})
@@ -270,6 +287,11 @@ type Entry struct {
 	// (a producer conflict): the entry keeps the sequence, and is never
 	// applied again, so that no letter is written twice.
 	Dead bool
+	// Letter, on a Dead entry: the dead letter that transaction parked
+	// in the outbox (a broker alarm held its copy back, Lane.Park). A
+	// restore parks it again, since the database lost it with the
+	// commit; Event then has only its id and type.
+	Letter *event.OutboxLetter
 }
 
 // write publishes msgs, queue's journal messages, in order, and returns

@@ -142,6 +142,53 @@ func (l *Lane) ApplyBatch(ctx context.Context, evs []event.Event) ([]event.Outco
 	}
 }
 
+// MarkedParker is a database lane that can park a dead letter and move
+// the journal's mark in one transaction (db's ParkMarked).
+type MarkedParker interface {
+	ParkMarked(ctx context.Context, l event.OutboxLetter, m event.Mark) error
+}
+
+// Park parks lt, the dead letter of a message the worker is about to ack
+// (a broker alarm holds its copy back), in the database's outbox, and
+// journals it: the letter takes the queue's next sequence, in the same
+// transaction, and its entry is on its way to the stream when Park
+// returns; the worker's ack waits for Journaled, as for an applied event.
+// A failover or a restore that takes the commit back thus takes the
+// letter out of the outbox, and the restore parks it again. It returns the
+// database's errors; a gap is restored first, as ApplyBatch does.
+func (l *Lane) Park(ctx context.Context, lt event.OutboxLetter) error {
+	mp, ok := l.inner.(MarkedParker)
+	if !ok {
+		return errors.New("journal: the database's lane cannot park a letter with the journal's mark")
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for again := true; ; again = false {
+		if !l.synced {
+			if _, err := l.recoverAgain(ctx); err != nil {
+				return event.Transient(err)
+			}
+		}
+		m := event.Mark{Queue: l.queue, Prev: l.prev, Last: l.prev + 1}
+		err := mp.ParkMarked(ctx, lt, m)
+		if errors.Is(err, event.ErrJournalGap) {
+			l.synced = false
+			if again {
+				continue
+			}
+		}
+		if err != nil {
+			return err
+		}
+		l.prev = m.Last
+		kept := lt
+		kept.Abandoned, kept.Queue = nil, l.queue
+		l.out.add([]Entry{{Queue: l.queue, Seq: m.Last, Dead: true, Letter: &kept,
+			Event: event.Event{ID: lt.EventID, Type: lt.EventType}}})
+		return nil
+	}
+}
+
 // Check compares the database's mark with the lane's, as the journal's
 // watch does for every lane while its worker waits for events, so that
 // what a database lost (a failover, a restore) is applied again without

@@ -346,3 +346,41 @@ func TestAnEntryThatNoLongerDecodesIsReportedAndItsLossCanBeAccepted(t *testing.
 		t.Errorf("applied %v, mark %d; want %v, 6", db.applied, db.mark, want)
 	}
 }
+
+// A dead letter parked during a broker alarm is journaled: it takes the
+// queue's next sequence with the mark, in its own commit, and its entry
+// reaches the stream before the ack. A failover that takes the commit back
+// takes the letter out of the outbox too; the restore parks it again, as
+// it was (class, reason, body that is not JSON, headers), and applies the
+// events around it, in order.
+func TestAParkedLetterIsJournaledAndParkedAgainAfterALoss(t *testing.T) {
+	db, s, out := &database{}, &stream{}, &outbox{}
+	l := newLaneWith(db, s, Config{Letters: out})
+	evs := events(3)
+	applyAll(t, l, evs[:1], 1)
+	letter := event.OutboxLetter{EventID: "poison-1", Class: "poison", Reason: "not JSON",
+		RoutingKey: "acc_p", Body: []byte(`{"eventId": "x, not json`), Headers: []byte(`{"x-producer":"p"}`)}
+	if err := l.Park(t.Context(), letter); err != nil {
+		t.Fatal(err)
+	}
+	waitJournaled(t, l)
+	applyAll(t, l, evs[1:], 1)
+	if !slices.Equal(db.parked, []string{"poison-1"}) || db.mark != 4 {
+		t.Fatalf("parked %v, mark %d; want the letter with sequence 2, mark 4", db.parked, db.mark)
+	}
+	db.lose(3) // the letter's commit and the events after it
+	if n, err := l.Recover(t.Context()); err != nil || n != 2 {
+		t.Fatalf("%d applied again, %v; want 2", n, err)
+	}
+	if len(out.letters) != 1 {
+		t.Fatalf("%d letters parked again, want 1", len(out.letters))
+	}
+	got := out.letters[0]
+	if got.EventID != "poison-1" || got.Class != "poison" || got.Reason != "not JSON" || string(got.Body) != string(letter.Body) ||
+		string(got.Headers) != `{"x-producer":"p"}` || got.RoutingKey != "acc_p" || got.Queue != "q.0" {
+		t.Errorf("parked again as %+v", got)
+	}
+	if !slices.Equal(db.applied, ids(evs)) || db.mark != 4 {
+		t.Errorf("applied %v, mark %d; want each event once in order, 4", db.applied, db.mark)
+	}
+}

@@ -32,8 +32,9 @@ type database struct {
 	refuse  map[string]error
 	conflic map[string]bool // answered as a producer conflict, committed
 	down    error
-	before  func() // runs once, at the next ApplyMarked
-	txs     int    // transactions that applied events
+	before  func()   // runs once, at the next ApplyMarked
+	txs     int      // transactions that applied events
+	parked  []string // the letters ParkMarked parked, by event id
 }
 
 type commit struct {
@@ -61,6 +62,22 @@ func (l modelLane) Marked(context.Context, string) (int64, time.Time, error) {
 		return 0, time.Time{}, l.db.down
 	}
 	return l.db.mark, l.db.at, nil
+}
+
+// ParkMarked parks lt in the database's outbox (letters) and moves the
+// mark, as one commit.
+func (l modelLane) ParkMarked(_ context.Context, lt event.OutboxLetter, m event.Mark) error {
+	d := l.db
+	if d.down != nil {
+		return event.Transient(d.down)
+	}
+	if d.mark != m.Prev {
+		return event.Transient(fmt.Errorf("%w: holds %d, went on from %d", event.ErrJournalGap, d.mark, m.Prev))
+	}
+	d.commits = append(d.commits, commit{d.mark, d.at, len(d.applied)})
+	d.parked = append(d.parked, lt.EventID)
+	d.mark, d.at = m.Last, time.Now()
+	return nil
 }
 
 func (l modelLane) ApplyMarked(_ context.Context, evs []event.Event, m event.Mark) ([]event.Outcome, error) {
@@ -105,14 +122,14 @@ type stream struct {
 	entries []Entry
 	head    time.Time // when its first entry was written
 	reads   int
-	page    int    // entries per page; 2 when 0
+	page    int // entries per page; 2 when 0
 	// stuck: a read does not answer; stuckFor is how long the last
 	// one's context would have waited for it.
 	stuck    bool
 	stuckFor time.Duration
 	// bad: the entries whose message no longer decodes.
-	bad map[int64]bool
-	atPage  func() // runs before each page is handed over
+	bad    map[int64]bool
+	atPage func() // runs before each page is handed over
 
 	// The lane's appender writes from a goroutine of its own: the
 	// failure to answer with and the writes refused go by mu.
@@ -186,8 +203,12 @@ func (s *stream) take(queue string, msgs []event.Spilled) error {
 			return err
 		}
 		for _, w := range wire {
-			s.entries = append(s.entries, Entry{Queue: queue, Seq: w.Seq, Dead: w.Dead,
-				Event: event.Event{ID: w.MessageID, Type: w.Type, Message: event.Message{MessageID: w.MessageID, Body: w.Body}}})
+			e := Entry{Queue: queue, Seq: w.Seq, Dead: w.Dead,
+				Event: event.Event{ID: w.MessageID, Type: w.Type, Message: event.Message{MessageID: w.MessageID, Body: w.Body}}}
+			if w.Letter != nil {
+				e, _ = w.entry(queue) // a letter's, as the real read takes it
+			}
+			s.entries = append(s.entries, e)
 		}
 	}
 	return nil

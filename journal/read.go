@@ -259,18 +259,32 @@ func decode(queue string, body []byte) ([]Entry, error) {
 	}
 	out := make([]Entry, len(wire))
 	for i, w := range wire {
-		ev, err := event.Decode(w.Body, w.MessageID, w.Type)
-		if err != nil {
-			return nil, fmt.Errorf("entry %d: %w", w.Seq, err)
+		var err error
+		if out[i], err = w.entry(queue); err != nil {
+			return nil, err
 		}
-		var headers amqp.Table
-		if len(w.Headers) > 0 {
-			if err := json.Unmarshal(w.Headers, &headers); err != nil {
-				return nil, fmt.Errorf("entry %d's headers: %w", w.Seq, err)
-			}
-		}
-		ev.Message = event.Message{RoutingKey: w.RoutingKey, Body: w.Body, Headers: headers, MessageID: w.MessageID, ContentType: w.ContentType}
-		out[i] = Entry{Queue: queue, Seq: w.Seq, Event: ev, Dead: w.Dead}
 	}
 	return out, nil
+}
+
+// entry is w, an entry of queue, as it was journaled.
+func (w wireEntry) entry(queue string) (Entry, error) {
+	if lt := w.Letter; lt != nil {
+		letter := &event.OutboxLetter{EventID: lt.EventID, EventType: lt.EventType, Class: lt.Class, Reason: lt.Reason,
+			RoutingKey: w.RoutingKey, MessageID: w.MessageID, ContentType: w.ContentType, Body: lt.Body,
+			Headers: w.Headers, Queue: queue}
+		return Entry{Queue: queue, Seq: w.Seq, Dead: true, Letter: letter, Event: event.Event{ID: lt.EventID, Type: lt.EventType}}, nil
+	}
+	ev, err := event.Decode(w.Body, w.MessageID, w.Type)
+	if err != nil {
+		return Entry{}, fmt.Errorf("entry %d: %w", w.Seq, err)
+	}
+	var headers amqp.Table
+	if len(w.Headers) > 0 {
+		if err := json.Unmarshal(w.Headers, &headers); err != nil {
+			return Entry{}, fmt.Errorf("entry %d's headers: %w", w.Seq, err)
+		}
+	}
+	ev.Message = event.Message{RoutingKey: w.RoutingKey, Body: w.Body, Headers: headers, MessageID: w.MessageID, ContentType: w.ContentType}
+	return Entry{Queue: queue, Seq: w.Seq, Event: ev, Dead: w.Dead}, nil
 }

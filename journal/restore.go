@@ -259,6 +259,14 @@ func (r *restoring) apply(entries []Entry) error {
 		if !e.Dead {
 			evs = append(evs, e.Event)
 		}
+		if e.Letter != nil {
+			// A letter parked in the lost commit: parked again, before
+			// the mark moves past it (the DLQ may hold it twice, should
+			// the outbox have sent it before the loss).
+			if err := l.park(ctx, *e.Letter); err != nil {
+				return err
+			}
+		}
 	}
 	outs, held, err := l.move(ctx, evs, r.prev, last)
 	if err != nil && len(entries) > 1 && event.CausedByMessage(event.ClassOf(ctx, err)) {
@@ -314,20 +322,25 @@ func (l *Lane) refused(e Entry, err error) {
 // letter writes e's dead letter, for refused, to the outbox, which the
 // service drains to the dead-letter queue.
 func (l *Lane) letter(ctx context.Context, e Entry, refused error) error {
-	if l.letters == nil {
-		return fmt.Errorf("journal: entry %d of %s was refused when applied again (%w), and there is nowhere to dead-letter it", e.Seq, l.queue, refused)
-	}
 	m := e.Event.Message
-	err := l.letters.Park(ctx, event.OutboxLetter{
+	err := l.park(ctx, event.OutboxLetter{
 		EventID: e.Event.ID, EventType: e.Event.Type, Class: string(event.ClassOf(ctx, refused)),
 		Reason: fmt.Sprintf("applied and acked once, then refused when applied again from the journal (entry %d of %s): %v", e.Seq, l.queue, refused),
 		RoutingKey: m.RoutingKey, MessageID: m.MessageID, ContentType: m.ContentType, Body: m.Body,
 		Headers: event.HeadersJSON(m.Headers), Queue: l.queue, At: time.Now(),
 	})
 	if err != nil {
-		return fmt.Errorf("journal: dead-letter entry %d of %s, refused when applied again: %w", e.Seq, l.queue, err)
+		return fmt.Errorf("journal: dead-letter entry %d of %s, refused when applied again (%v): %w", e.Seq, l.queue, refused, err)
 	}
 	return nil
+}
+
+// park writes lt to the outbox.
+func (l *Lane) park(ctx context.Context, lt event.OutboxLetter) error {
+	if l.letters == nil {
+		return fmt.Errorf("journal: nowhere to park the dead letter of event %s", lt.EventID)
+	}
+	return l.letters.Park(ctx, lt)
 }
 
 // move applies evs (none: moves the mark alone) with the mark from prev to
