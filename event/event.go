@@ -1,11 +1,12 @@
 // Package event is what the consumer and the database side share: the
 // transfer event as decoded from a message (Decode), what applying it did
 // (Result, Outcome), what a dead letter of it keeps (Message, OutboxLetter,
-// HeadersJSON), and the failure classes every error is put in (class.go).
-// It imports no package of the project; the consumer's ports that the
-// database implements (Applier, Lanes, Outbox, Parker, Prober) stay in the
-// consumer, and what each class does to a delivery is the consumer's
-// decision.
+// HeadersJSON), the failure classes every error is put in (class.go), and
+// the ports whose types the database must name to implement them (Lane,
+// MarkedLane, JournalSpill: lane.go). It imports no package of the
+// project; the consumer's other ports that the database implements
+// (Applier, Lanes, Outbox, Parker, Prober) stay in the consumer, and what
+// each class does to a delivery is the consumer's decision.
 package event
 
 import (

@@ -6,10 +6,15 @@ import (
 	"time"
 )
 
-// Lane applies one worker's events, one at a time. It is the one port of
-// the consumer's kept here, beside the event it applies: the consumer's
-// Lanes port returns it, and the database's lanes, which do not import the
-// consumer, must name that type to implement the port.
+// The interfaces of this file are ports that the database implements for
+// the consumer and the journal. They are kept here, beside the event they
+// apply, because the database, which imports neither the consumer nor the
+// journal, must name their types to implement them: Lane, which the
+// consumer's Lanes port returns; MarkedLane, the lane the journal wraps
+// (Journal.Wrap); and JournalSpill, where the journal keeps what its
+// stream does not take. The consumer's other ports stay in the consumer.
+
+// Lane applies one worker's events, one at a time.
 type Lane interface {
 	Apply(ctx context.Context, ev Event) (Result, error)
 	Close() // releases what the lane holds; it is not used again
