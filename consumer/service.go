@@ -111,9 +111,33 @@ func New(cfg Config, app Applier) *Service {
 // returns a *topology.Error, without retrying, when the broker's topology
 // cannot be used as it stands.
 func (s *Service) Run(ctx context.Context) error {
-	// stop ends when shutdown starts; its cause tells shutdown apart from
-	// failure. work outlives it by ShutdownTimeout, so the message in hand
-	// can still commit and be acked.
+	// The consumer's three contexts, stop and work made here, session in
+	// session; the rest of the package refers here:
+	//
+	//   - stop ends when shutdown starts (ctx ends), with the cause
+	//     event.ErrShutdown, which tells shutdown apart from failure. Its
+	//     end ends the session, and Run then returns instead of
+	//     reconnecting.
+	//   - session, one per broker session, is made from stop. It ends with
+	//     stop, or when its broker session ends on its own (the connection
+	//     closed, a worker failed, the topology made by others changed). A
+	//     worker whose session ended applies nothing new: it finishes the
+	//     attempt under way, settles what is final and closes its channel,
+	//     which returns the rest to the queue. Dead-letter copies and the
+	//     outbox drain run under it, so that no session end waits for a
+	//     confirm, and its cause classifies an attempt's error as shutdown
+	//     (event.ClassOf).
+	//   - work ends ShutdownTimeout after stop (else only when Run
+	//     returns): it outlives session, so that the attempt in hand when the session
+	//     ends can still commit and, while its channel lasts, be acked. It
+	//     bounds the worker's database work (a lane closes its connection
+	//     when work ends; a park runs under it) and how long settlements
+	//     kept for the journal wait to be sent; once it has ended, a
+	//     session waits abandonAfter for its workers, then closes without
+	//     them (waitWorkers).
+	//
+	// stop and work are made without ctx's cancellation: each ends when
+	// the goroutine below ends it.
 	stop, cancelStop := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancelStop(nil)
 	work, cancelWork := context.WithCancelCause(context.WithoutCancel(ctx))
@@ -165,7 +189,8 @@ func (s *Service) Run(ctx context.Context) error {
 }
 
 // session runs one broker connection: declare, consume every queue, and
-// return when the connection or any worker fails, or when stop ends.
+// return when the connection or any worker fails, or when stop ends. Run
+// says what stop, work and the session's own context are.
 func (s *Service) session(stop, work context.Context) error {
 	if err := s.awaitHealthy(stop); err != nil {
 		return err
@@ -201,7 +226,7 @@ func (s *Service) session(stop, work context.Context) error {
 		stopped = s.checker.Run(stop, conn, urls[used])
 	}
 
-	session, endSession := context.WithCancel(stop)
+	session, endSession := context.WithCancel(stop) // the workers' session (Run)
 	defer endSession()
 	var wg sync.WaitGroup
 	errs := make(chan error, s.cfg.Topology.Queues)

@@ -25,9 +25,9 @@ type worker struct {
 	conn       *amqp.Connection
 	ch         channelPort
 	loop       loopPort
-	session    context.Context // ends the session: nothing new is applied
+	session    context.Context // ends with the broker session: nothing new is applied (Run, service.go)
 	told       bool            // the core was told that the session ended
-	work       context.Context // lives ShutdownTimeout past shutdown
+	work       context.Context // outlives session, to ShutdownTimeout past shutdown (Run, service.go)
 	lane       event.Lane      // when the applier has lanes; else each attempt gets a timeout context
 	letters    letterPort      // where dead-letter copies go out
 	parker     Parker          // where a dead letter waits out a broker alarm; nil when the applier cannot

@@ -125,8 +125,8 @@ func (w *worker) sendFirst() bool {
 	return true
 }
 
-// flushLater waits, while the work lasts (SHUTDOWN_TIMEOUT past the
-// session's end), until the settlements kept for later can be sent, and
+// flushLater waits, while work lasts (to SHUTDOWN_TIMEOUT past shutdown:
+// Run, service.go), until the settlements kept for later can be sent, and
 // sends them, before the channel closes; what it cannot send goes back
 // with the close. It returns false when the channel failed a settlement.
 func (w *worker) flushLater() bool {
