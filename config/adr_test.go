@@ -12,7 +12,7 @@ import (
 
 // withoutCode are the decision records that do not name their code yet.
 // An entry goes once its record has a Code: line.
-var withoutCode = []string{"0014-the-journal.md"}
+var withoutCode = []string{}
 
 // adrCode returns the paths that the record text names on its Code: line,
 // the paragraph before its first section that begins with "Code: ": each
