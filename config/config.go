@@ -45,7 +45,7 @@ type Config struct {
 	ReconnectMin     time.Duration `envconfig:"RECONNECT_MIN" default:"500ms" desc:"first wait before reconnecting to the broker or database"`
 	ReconnectMax     time.Duration `envconfig:"RECONNECT_MAX" default:"30s" desc:"longest wait between reconnects"`
 	DBMaxConns       int           `envconfig:"DB_MAX_CONNS" default:"0" desc:"database connection pool size (0: QUEUE_COUNT+4)"`
-	BatchMax         int           `envconfig:"BATCH_MAX" default:"1" desc:"most events a queue's worker applies in one transaction (and the queue's prefetch, twice this with JOURNAL_STREAM and batches); 1 is one event per transaction; raise it (e.g. 50) to drain backlogs faster (adr/0006)"`
+	BatchMax         int           `envconfig:"BATCH_MAX" default:"1" desc:"most events a queue's worker applies in one transaction (and the queue's prefetch, twice this with JOURNAL_STREAM); 1 is one event per transaction; raise it (e.g. 50) to drain backlogs faster (adr/0006)"`
 	BatchLinger      time.Duration `envconfig:"BATCH_LINGER" default:"0s" desc:"how long a worker may wait for more events to fill a batch; 0 takes what has arrived, so a light load keeps its latency"`
 	MaxBodyBytes     int           `envconfig:"MAX_BODY_BYTES" default:"65536" desc:"largest message body decoded; a larger one is dead-lettered as poison, undecoded"`
 	HTTPAddr         string        `envconfig:"HTTP_ADDR" default:":8080" desc:"address of /healthz, /readyz and /metrics; empty to serve none"`

@@ -20,12 +20,14 @@ import (
 // prefetchFor is a queue's prefetch with BATCH_MAX batch through lane:
 // BATCH_MAX (1 unless batches are on), so that what the broker gave us is
 // the batch in hand at most, and a crash returns one batch. With the
-// journal and batches, twice that: a batch's acks wait for the journal's
-// confirm while the next batch is applied, and the broker must have let
-// that one come (BENCHMARKS.md, "The journal").
+// journal, twice that, at BATCH_MAX 1 too: a batch's acks (an event's)
+// wait for the journal's confirm while the next is applied, and the
+// broker must have let that one come (BENCHMARKS.md, "The journal"). The
+// one worker still applies them one after the other, in the queue's
+// order.
 func prefetchFor(batchMax int, lane event.Lane) int {
 	n := max(1, batchMax)
-	if _, ok := lane.(journaledLane); ok && n > 1 {
+	if _, ok := lane.(journaledLane); ok {
 		n *= 2
 	}
 	return n

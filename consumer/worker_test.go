@@ -95,9 +95,9 @@ type journalLane struct{ event.Lane }
 
 func (journalLane) Journaled() <-chan struct{} { return nil }
 
-// With the journal and batches, the prefetch is twice BATCH_MAX, so that
-// the next batch arrives while one's acks wait for the journal; at
-// BATCH_MAX 1, and without the journal, it is BATCH_MAX.
+// With the journal, the prefetch is twice BATCH_MAX, so that the next
+// batch (at BATCH_MAX 1, the next event) arrives while one's acks wait for
+// the journal; without the journal, it is BATCH_MAX.
 func TestThePrefetchMakesRoomForAcksThatWaitForTheJournal(t *testing.T) {
 	for _, tt := range []struct {
 		batchMax int
@@ -105,7 +105,7 @@ func TestThePrefetchMakesRoomForAcksThatWaitForTheJournal(t *testing.T) {
 		want     int
 	}{
 		{0, nil, 1},
-		{1, journalLane{}, 1},
+		{1, journalLane{}, 2},
 		{50, nil, 50},
 		{50, journalLane{}, 100},
 	} {
