@@ -61,6 +61,7 @@ type Config struct {
 	JournalStream    string        `envconfig:"JOURNAL_STREAM" desc:"name of a RabbitMQ stream in which the service journals every event before its ack, so that what a database loses after the ack (a failover to a standby that was behind, a point-in-time restore) is applied again from it (adr/0014); empty: no journal"`
 	JournalMaxAge    string        `envconfig:"JOURNAL_MAX_AGE" default:"7D" desc:"the journal stream's x-max-age (a number and Y, M, D, h, m or s): it must cover the furthest back a restore can go"`
 	JournalMaxBytes  int64         `envconfig:"JOURNAL_MAX_BYTES" default:"0" desc:"the journal stream's x-max-length-bytes; 0 sets none (the age alone bounds it)"`
+	JournalClockSkew time.Duration `envconfig:"JOURNAL_CLOCK_SKEW" default:"1m" desc:"how far apart the database server's clock and the broker's may be: a read of the journal starts this long before the database's mark last moved, and passes over every queue's entries of that stretch; clocks further apart cost a read from the stream's start, not a loss (adr/0014)"`
 	JournalKeepAfter time.Duration `envconfig:"JOURNAL_KEEP_AFTER" default:"3s" desc:"how long a transaction's journal entries may wait for the stream's confirm before they are kept in the database instead and their events acked (a broker alarm, a stream unavailable), to go to the stream once it takes them again; at once while the broker blocks publishing (adr/0014)"`
 	LogLevel         string        `envconfig:"LOG_LEVEL" default:"info" desc:"debug, info, warn or error"`
 	LogFormat        string        `envconfig:"LOG_FORMAT" default:"json" desc:"json or text"`
@@ -180,6 +181,8 @@ func (c Config) validate() error {
 		return bad("JOURNAL_MAX_AGE", "must be a number and one of Y, M, D, h, m, s (e.g. 7D), got %q", c.JournalMaxAge)
 	case c.JournalMaxBytes < 0:
 		return bad("JOURNAL_MAX_BYTES", "must not be negative, got %d", c.JournalMaxBytes)
+	case c.JournalClockSkew < time.Second || c.JournalClockSkew > 24*time.Hour:
+		return bad("JOURNAL_CLOCK_SKEW", "must be between 1s and 24h, got %s", c.JournalClockSkew)
 	case c.JournalKeepAfter < 10*time.Millisecond || c.JournalKeepAfter > time.Minute:
 		return bad("JOURNAL_KEEP_AFTER", "must be between 10ms and 1m, got %s", c.JournalKeepAfter)
 	}

@@ -124,7 +124,7 @@ func (c Config) Summary() []any {
 func (c Config) Journal() journal.Config {
 	return journal.Config{
 		Stream: c.JournalStream, MaxAge: c.JournalMaxAge, MaxBytes: c.JournalMaxBytes, Declare: c.DeclareTopology,
-		KeepAfter: c.JournalKeepAfter,
+		KeepAfter: c.JournalKeepAfter, Skew: c.JournalClockSkew,
 		Dial: func() (*amqp.Connection, error) {
 			urls, err := c.BrokerURLs()
 			if err != nil {

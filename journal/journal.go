@@ -95,12 +95,15 @@ func appendEntry(b []byte, e Entry) ([]byte, error) {
 	return append(b, '}'), nil
 }
 
-// Skew is how long before the database's mark moved a read of the journal
-// starts: the mark's time is the database server's clock and an entry's
-// is the broker's, so the two may disagree by this much. It only chooses
-// where reading starts; which entries are missing is told by their
-// sequences (adr/0014).
-const Skew = 10 * time.Minute
+// DefaultSkew is how long before the database's mark moved a read of the
+// journal starts, when Config.Skew is not set: the mark's time is the
+// database server's clock and a stream chunk's the broker's, so the two
+// may disagree by this much. It only chooses where reading starts; which
+// entries are missing is told by their sequences, and clocks further
+// apart cost a read from the stream's start, not a loss (adr/0014). What
+// a read passes over is every queue's entries of that stretch, so it is
+// what a handover under load, or a replica's check, pays.
+const DefaultSkew = time.Minute
 
 // Config is a journal's settings.
 type Config struct {
@@ -120,6 +123,9 @@ type Config struct {
 	// is applied again goes, as a dead letter with its reason (the
 	// outbox, which the service drains to the dead-letter queue).
 	Letters Parker
+	// Skew is how far the database's clock and the broker's may be
+	// apart (JOURNAL_CLOCK_SKEW); DefaultSkew when zero.
+	Skew time.Duration
 	// Reports is what the journal tells the service.
 	Reports Reports
 }
@@ -137,6 +143,9 @@ type Reports struct {
 	// meanwhile, and the service reports the queue blocked.
 	Stalled func(queue string, since time.Time, attempts int, eventID string, err error)
 	Healed  func(queue string)
+	// Read is told of the bytes of every journal message a read of the
+	// stream passed over.
+	Read func(bytes int)
 	// Unprotected is told of entries kept in the database (n > 0) and of
 	// those the stream then took from there (n < 0): while kept, their
 	// events, acked, are protected against a failover or a restore only

@@ -32,7 +32,7 @@ type Found struct {
 // Read reads queue's entries above after, and hands them to page as they
 // come, up to pageSize at a time, in the stream's order; each page's
 // Found also says what the read has seen so far (First, FromStart, Head).
-// An error of page ends the read. It starts Skew before since, or at the
+// An error of page ends the read. It starts Config.Skew before since, or at the
 // stream's first entry when since is zero, and reads up to a fence it
 // appends first, so it sees every entry confirmed before it was called.
 // The Found it returns has the read's First and Tail, and no entries.
@@ -177,8 +177,14 @@ func (j *Journal) readAll(ctx context.Context, since time.Time, wants map[string
 	}
 	var offset any = "first"
 	if !since.IsZero() {
-		offset = since.Add(-Skew)
+		offset = since.Add(-cmp.Or(j.cfg.Skew, DefaultSkew))
 	}
+	read := 0 // the bytes of the messages passed over, reported once at the end
+	defer func() {
+		if j.cfg.Reports.Read != nil {
+			j.cfg.Reports.Read(read)
+		}
+	}()
 	deliveries, err := rc.ConsumeWithContext(ctx, j.cfg.Stream, "", false, false, false, false, amqp.Table{"x-stream-offset": offset})
 	if err != nil {
 		return fmt.Errorf("journal %s: read: %w", j.cfg.Stream, err)
@@ -196,6 +202,7 @@ func (j *Journal) readAll(ctx context.Context, since time.Time, wants map[string
 			return fmt.Errorf("journal %s: the read ended before its fence", j.cfg.Stream)
 		}
 		_ = d.Ack(true)
+		read += len(d.Body)
 		if n == 0 {
 			for _, w := range wants {
 				w.found.Head = d.Timestamp

@@ -54,7 +54,7 @@ func (e *ShortError) Error() string {
 // own if that is higher.
 //
 // Which entries are missing is told by the sequences alone; where the read
-// starts is chosen by time: Skew before the database's mark last moved.
+// starts is chosen by time: Config.Skew before the database's mark last moved.
 // When the first entry of the queue it finds is past the one after the
 // mark, it reads again from the stream's start, and if the journal begins
 // after the mark moved, its retention may have taken events no one holds
@@ -325,7 +325,7 @@ func (l *Lane) letter(ctx context.Context, e Entry, refused error) error {
 	m := e.Event.Message
 	err := l.park(ctx, event.OutboxLetter{
 		EventID: e.Event.ID, EventType: e.Event.Type, Class: string(event.ClassOf(ctx, refused)),
-		Reason: fmt.Sprintf("applied and acked once, then refused when applied again from the journal (entry %d of %s): %v", e.Seq, l.queue, refused),
+		Reason:     fmt.Sprintf("applied and acked once, then refused when applied again from the journal (entry %d of %s): %v", e.Seq, l.queue, refused),
 		RoutingKey: m.RoutingKey, MessageID: m.MessageID, ContentType: m.ContentType, Body: m.Body,
 		Headers: event.HeadersJSON(m.Headers), Queue: l.queue, At: time.Now(),
 	})

@@ -30,6 +30,7 @@ type Metrics struct {
 	// not take them: now, by queue, and all that ever were.
 	unprotected *prometheus.GaugeVec
 	kept        prometheus.Counter
+	journalRead prometheus.Counter
 	reconcile   reconcileGauges // reconcile.go
 
 	// The series of the two common outcomes, resolved once rather than
@@ -78,6 +79,10 @@ func NewMetrics(h *Health, cfg config.Config) *Metrics {
 			Namespace: ns, Name: "journal_unprotected_events",
 			Help: "Acked events whose journal entries are kept in the database because the stream did not take them (an alarm, a stream unavailable): a failover or restore that loses their commits loses them (adr/0014).",
 		}, []string{"queue"}),
+		journalRead: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Name: "journal_read_bytes_total",
+			Help: "Bytes of journal messages the service's reads of the stream passed over (at start, after a loss, at a replica's check): what a handover or a restore costs the broker (JOURNAL_CLOCK_SKEW, adr/0014).",
+		}),
 		kept: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Name: "journal_kept_total",
 			Help: "Journal entries kept in the database because the stream did not take them in time (JOURNAL_KEEP_AFTER, adr/0014).",
@@ -100,7 +105,7 @@ func NewMetrics(h *Health, cfg config.Config) *Metrics {
 		return 0
 	}
 	m.collectors = []prometheus.Collector{
-		m.events, m.latency, m.retries, m.conflicts, m.pruned, m.restored, m.unprotected, m.kept, m.batches,
+		m.events, m.latency, m.retries, m.conflicts, m.pruned, m.restored, m.unprotected, m.kept, m.journalRead, m.batches,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		// Two settings, so that alert rules compare against the values
@@ -182,6 +187,9 @@ func (m *Metrics) Batch(n int) { m.batches.Observe(float64(n)) }
 
 // Restored counts journal entries applied again.
 func (m *Metrics) Restored(_ string, n int) { m.restored.Add(float64(n)) }
+
+// JournalRead counts the bytes a read of the journal passed over.
+func (m *Metrics) JournalRead(bytes int) { m.journalRead.Add(float64(bytes)) }
 
 // Unprotected counts a queue's journal entries kept in the database (n >
 // 0), and those the stream then took from there (n < 0).

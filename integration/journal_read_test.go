@@ -1,0 +1,80 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// What a start (or a handover: the next replica's start) reads of the
+// journal is bounded by JOURNAL_CLOCK_SKEW: from that long before the
+// earliest time a queue's mark last moved, up to a fence, not the whole
+// stream. Here a first stretch of events is journaled, then, past the
+// skew, every queue's mark moves again; the service started next reads
+// fewer bytes than the first stretch's events hold, and one started with
+// a skew of an hour (the former 10 minutes' behaviour) reads them all.
+// Both figures are logged: the bytes a handover reads.
+func TestAStartReadsTheJournalOnlyFromTheSkewBeforeTheMarks(t *testing.T) {
+	parallel(t)
+	e := newEnv(t)
+	const queues = 2
+	e.declare(queues)
+	stream := prefix + ".journal"
+	env := func(skew string) []string {
+		return e.serviceEnv(queues, "INSTANCE_NAME="+e.name+"-svc", "JOURNAL_STREAM="+stream, "JOURNAL_CLOCK_SKEW="+skew)
+	}
+	a := startProcess(t, env("1s"))
+	a.waitConsuming(1)
+	old := e.publishMany(300, 8)
+	waitFor(t, 60*time.Second, "the first stretch applied and acked", func() bool {
+		return e.inboxCount() == len(old) && a.count("outcome", "applied") == len(old)
+	})
+	oldBytes := 0
+	for _, tr := range old {
+		b, _ := json.Marshal(tr)
+		oldBytes += len(b)
+	}
+	// Past the skew, every queue's mark moves again.
+	past := time.Now().Add(2 * time.Second)
+	waitFor(t, 30*time.Second, "two seconds past the first stretch", func() bool { return time.Now().After(past) })
+	applied := len(old)
+	for k := 0; ; k++ {
+		var moved int
+		if err := e.db.Get(&moved, `SELECT count(*) FROM journal_mark WHERE at > $1`, past); err != nil {
+			t.Fatal(err)
+		}
+		if moved == queues {
+			break
+		}
+		if k == 64 {
+			t.Fatalf("64 keys moved %d of %d queues' marks", moved, queues)
+		}
+		e.publish(newTransfer(fmt.Sprintf("acc_late%02d_%s", k, e.name), "acc_late_to_"+e.name, 1))
+		applied++
+		waitFor(t, 30*time.Second, "the late event applied", func() bool { return e.inboxCount() == applied })
+	}
+	if err := a.stop(syscall.SIGTERM, 20*time.Second); err != nil {
+		t.Fatalf("exit after SIGTERM: %v", err)
+	}
+
+	readAtStart := func(skew string) float64 {
+		p := startProcess(t, env(skew))
+		p.waitConsuming(1)
+		n := metricValue(getText(t, p.httpAddr()+"/metrics"), "transferconsumer_journal_read_bytes_total")
+		if err := p.stop(syscall.SIGTERM, 20*time.Second); err != nil {
+			t.Fatalf("exit after SIGTERM: %v", err)
+		}
+		return n
+	}
+	bounded, whole := readAtStart("1s"), readAtStart("1h")
+	t.Logf("a start read %.0f bytes of the journal with a skew of 1s, %.0f with 1h; the first stretch's events hold %d bytes",
+		bounded, whole, oldBytes)
+	if bounded < 0 || bounded >= float64(oldBytes) {
+		t.Errorf("a start with a skew of 1s read %.0f bytes, want fewer than the %d of the stretch before it", bounded, oldBytes)
+	}
+	if whole < float64(oldBytes) {
+		t.Errorf("a start with a skew of 1h read %.0f bytes, want the whole stretch's %d at least: the test shows nothing", whole, oldBytes)
+	}
+}
