@@ -247,6 +247,15 @@ func (a *appender) sleep(ctx context.Context, wait time.Duration) bool {
 // in the database while the stream does not take them, and returns once
 // one of the two holds them; false when the lane closed first.
 func (a *appender) put(ctx context.Context, entries []Entry) bool {
+	if len(entries) == 0 {
+		// Only the kept entries: a try that fails holds nothing, and the
+		// next is due after its backoff (failed); new entries meanwhile
+		// go to the database at once.
+		if err := a.try(ctx, nil); err != nil && ctx.Err() == nil {
+			a.log.Debug("journal: the stream does not take the kept entries yet", "queue", a.queue, "err", err)
+		}
+		return ctx.Err() == nil
+	}
 	msgs, encErr := encode(entries) // of Go values json.Marshal always takes: a bug, held in place visibly
 	var th retry.Throttle
 	var since time.Time

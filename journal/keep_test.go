@@ -54,15 +54,23 @@ func TestEntriesTheStreamDoesNotTakeAreKeptAndTheAcksGo(t *testing.T) {
 	if n := k.kept(); n != 3 || unprotected.Load() != 3 {
 		t.Fatalf("%d entries kept, %d counted unprotected; want 3 and 3", n, unprotected.Load())
 	}
+	// The writer, idle, tries the stream for the kept entries, which it
+	// still does not take; a transaction meanwhile is kept all the same.
+	tried := s.refusals()
+	waitFor(t, "the stream tried again for the kept entries", func() bool { return s.refusals() > tried })
+	applyAll(t, l, evs[4:5], 1)
 	s.mu.Lock()
 	held := seqsOf(s.entries)
 	s.mu.Unlock()
 	if got := held; !slices.Equal(got, []int64{1}) {
 		t.Fatalf("the stream holds %v while it takes nothing; want 1", got)
 	}
+	if n := k.kept(); n != 4 {
+		t.Fatalf("%d entries kept, want 4", n)
+	}
 	s.let()
 	waitFor(t, "the kept entries to reach the stream", func() bool { return k.kept() == 0 })
-	applyAll(t, l, evs[4:], 1)
+	applyAll(t, l, evs[5:], 1)
 	s.mu.Lock()
 	got := seqsOf(s.entries)
 	s.mu.Unlock()
