@@ -74,9 +74,9 @@ func TestAStreamThatRefusesTheJournalKeepsItsEntriesUntilItHeals(t *testing.T) {
 
 // A stream deleted under the running service does not swallow the
 // journal: its entries come back unroutable instead of being confirmed
-// into nothing, the write is tried again on a new channel, which declares
-// the stream again, and every event acked after the deletion is in the new
-// stream. (Published to the default exchange without mandatory, they were
+// into nothing, they are kept in the database meanwhile, the write is
+// tried again on a new channel, which declares the stream again, and every
+// event acked after the deletion is in the new stream. (Published to the default exchange without mandatory, they were
 // confirmed and dropped, and their events acked unjournaled.)
 func TestAStreamDeletedUnderTheServiceLosesNoEntry(t *testing.T) {
 	parallel(t)
@@ -98,6 +98,12 @@ func TestAStreamDeletedUnderTheServiceLosesNoEntry(t *testing.T) {
 	if n := proc.count("msg", journalKept); n == 0 {
 		t.Errorf("the service did not say the stream refused an entry")
 	}
+	// What the gone stream refused was kept in the database and acked;
+	// it reaches the stream declared again once the writer tries it.
+	base := proc.httpAddr()
+	waitFor(t, 60*time.Second, "every kept entry in the stream declared again", func() bool {
+		return sumSeries(getText(t, base+"/metrics"), "transferconsumer_journal_unprotected_events") == 0
+	})
 	if err := proc.stop(syscall.SIGTERM, 20*time.Second); err != nil {
 		t.Errorf("exit after SIGTERM: %v", err)
 	}
