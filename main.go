@@ -126,7 +126,7 @@ func serve(ctx context.Context, cfg config.Config, migrations fs.FS, stderr io.W
 	database, err := db.OpenWhenReady(ctx, cfg.Database, cfg.Migrate, cfg.PoolSize(), cfg.Reconnect(), log,
 		func(err error) { h.Starting("%v", err) }, db.WatchReplication(replication), db.OnConnect(func() {
 			if jr != nil {
-				jr.Kick()
+				jr.CheckNow()
 			}
 		}))
 	if err != nil {
@@ -173,7 +173,7 @@ func serve(ctx context.Context, cfg config.Config, migrations fs.FS, stderr io.W
 		for i := range queues {
 			queues[i] = cfg.Topology().Queue(i)
 		}
-		jr.Prime(ctx, queues, func() event.MarkedLane { return inbox.Lane(cfg.ApplyTimeout).(event.MarkedLane) }, log)
+		jr.RestoreAtStart(ctx, queues, func() event.MarkedLane { return inbox.Lane(cfg.ApplyTimeout).(event.MarkedLane) }, log)
 		ccfg.Journal = func(queue string, l event.Lane) event.Lane {
 			return jr.Wrap(queue, l.(event.MarkedLane), log) // the database's lanes are
 		}

@@ -171,11 +171,11 @@ type Journal struct {
 
 	// The watch's (watch.go): the lanes open, the marks the last lane of
 	// each queue closed synced at, and its kick.
-	lanesMu  sync.Mutex
-	lanes    map[*Lane]struct{}
-	known    map[string]int64
-	kickOnce sync.Once
-	kick     chan struct{}
+	lanesMu   sync.Mutex
+	lanes     map[*Lane]struct{}
+	lastMarks map[string]int64
+	kickOnce  sync.Once
+	kick      chan struct{}
 }
 
 // errBlocked: the broker blocks the journal's publishes.

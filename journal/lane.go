@@ -42,10 +42,10 @@ type Lane struct {
 	seen    int64
 	checked bool
 	closed  bool
-	// short is the last Recover's *ShortError: while the database's mark
+	// unrestorable is the last Recover's *ShortError: while the database's mark
 	// stays where it was, the retries of the waiting queue answer it again
 	// without reading the stream from its start each time.
-	short *ShortError
+	unrestorable *ShortError
 }
 
 // store is where a Lane's entries go and come from: the Journal.

@@ -9,19 +9,19 @@ import (
 	"transferconsumer/event"
 )
 
-// Prime restores every queue of queues at once, in one pass over the
+// RestoreAtStart restores every queue of queues at once, in one pass over the
 // stream (RecoverAll), before the service consumes them, each on a lane
 // from newLane, and closes those lanes: the workers' lanes then go on
 // from the marks they were left synced at, without each reading the same
 // stretch of the stream. A queue it could not restore (the journal down,
 // a journal that does not reach back) is logged, and its worker's lane
 // restores it itself before its first event. It takes at most checkFor.
-func (j *Journal) Prime(ctx context.Context, queues []string, newLane func() event.MarkedLane, log *slog.Logger) {
-	j.prime(ctx, j, queues, newLane, log)
+func (j *Journal) RestoreAtStart(ctx context.Context, queues []string, newLane func() event.MarkedLane, log *slog.Logger) {
+	j.restoreAtStart(ctx, j, queues, newLane, log)
 }
 
-// prime is Prime, reading s.
-func (j *Journal) prime(ctx context.Context, s store, queues []string, newLane func() event.MarkedLane, log *slog.Logger) {
+// restoreAtStart is RestoreAtStart, reading s.
+func (j *Journal) restoreAtStart(ctx context.Context, s store, queues []string, newLane func() event.MarkedLane, log *slog.Logger) {
 	ctx, cancel := context.WithTimeout(ctx, checkFor)
 	defer cancel()
 	lanes := make([]*Lane, len(queues))
@@ -61,7 +61,7 @@ func recoverAll(ctx context.Context, s store, lanes []*Lane) (map[string]int, ma
 		if _, dup := rs[l.queue]; dup || l.closed {
 			continue
 		}
-		r, err := l.begin(ctx)
+		r, err := l.startRestore(ctx)
 		if r == nil {
 			errs[l.queue] = err
 			continue
@@ -86,8 +86,8 @@ func recoverAll(ctx context.Context, s store, lanes []*Lane) (map[string]int, ma
 		}
 		return wants
 	}
-	finish := func(q string, r *restoring, w *want) {
-		n, err := r.finish(w.found, w.err)
+	end := func(q string, r *restoring, w *want) {
+		n, err := r.end(w.found, w.err)
 		if errors.Is(err, event.ErrJournalGap) {
 			// Another reader moved the mark under it: this queue alone,
 			// from the mark the database holds now.
@@ -107,12 +107,12 @@ func recoverAll(ctx context.Context, s store, lanes []*Lane) (map[string]int, ma
 			again[q] = r
 			continue
 		}
-		finish(q, r, wants[q])
+		end(q, r, wants[q])
 	}
 	if len(again) > 0 {
 		wants = pass(time.Time{}, again)
 		for q, r := range again {
-			finish(q, r, wants[q])
+			end(q, r, wants[q])
 		}
 	}
 	return applied, errs

@@ -89,7 +89,7 @@ func (l *Lane) recoverAgain(ctx context.Context) (int, error) {
 }
 
 func (l *Lane) recover(ctx context.Context) (int, error) {
-	r, err := l.begin(ctx)
+	r, err := l.startRestore(ctx)
 	if r == nil {
 		return 0, err
 	}
@@ -97,31 +97,31 @@ func (l *Lane) recover(ctx context.Context) (int, error) {
 	if errors.Is(err, errFromStart) {
 		found, err = readOne(ctx, l.j, l.queue, r.mark, time.Time{}, r.page)
 	}
-	return r.finish(found, err)
+	return r.end(found, err)
 }
 
 // begin starts a restore from the database's mark; with no restore to
 // make, it returns why (the report of a journal that does not reach back,
 // while the mark stays where it was).
-func (l *Lane) begin(ctx context.Context) (*restoring, error) {
+func (l *Lane) startRestore(ctx context.Context) (*restoring, error) {
 	mark, at, err := l.inner.Marked(ctx, l.queue)
 	if err != nil {
 		return nil, err
 	}
-	if l.short != nil && l.short.Mark == mark && l.short.Since.Equal(at) {
-		return nil, l.short
+	if l.unrestorable != nil && l.unrestorable.Mark == mark && l.unrestorable.Since.Equal(at) {
+		return nil, l.unrestorable
 	}
-	l.short = nil
+	l.unrestorable = nil
 	return &restoring{ctx: ctx, l: l, mark: mark, at: at, prev: mark}, nil
 }
 
 // finish ends a restore on what the read found (found) and how it ended
 // (err): the mark moves to the journal's tail of the queue, and the lane
 // is synced.
-func (r *restoring) finish(found Found, err error) (int, error) {
+func (r *restoring) end(found Found, err error) (int, error) {
 	l := r.l
 	if err == nil && !r.started {
-		err = r.judge(found)
+		err = r.reachesBack(found)
 	}
 	var u *unreadable
 	if errors.As(err, &u) {
@@ -131,7 +131,7 @@ func (r *restoring) finish(found Found, err error) (int, error) {
 		return r.applied, err
 	}
 	if found.Tail > r.prev {
-		if _, r.prev, err = l.move(r.ctx, nil, r.prev, found.Tail); err != nil {
+		if _, r.prev, err = l.applyMarked(r.ctx, nil, r.prev, found.Tail); err != nil {
 			return r.applied, err
 		}
 	}
@@ -158,10 +158,10 @@ func (r *restoring) unreadable(u *unreadable) error {
 	if err != nil {
 		return err
 	}
-	l.short = &ShortError{Queue: l.queue, Mark: r.prev, First: u.last + 1, Since: at, Unreadable: u.err, Offset: u.offset}
+	l.unrestorable = &ShortError{Queue: l.queue, Mark: r.prev, First: u.last + 1, Since: at, Unreadable: u.err, Offset: u.offset}
 	l.log.Error("journal: a message of the queue does not decode; the queue waits until recover --accept-loss",
 		"queue", l.queue, "from_seq", u.first, "to_seq", u.last, "offset", u.offset, "err", u.err)
-	return l.short
+	return l.unrestorable
 }
 
 // AcceptLoss moves the queue's mark past what a *ShortError says the
@@ -198,10 +198,10 @@ type restoring struct {
 	reported int // applied, as last logged
 }
 
-// judge decides, on the read's first entries of the queue, whether they
+// reachesBack decides, on the read's first entries of the queue, whether they
 // reach back to the mark: errFromStart when the read may have begun too
 // late, a *ShortError when the journal itself begins too late.
-func (r *restoring) judge(f Found) error {
+func (r *restoring) reachesBack(f Found) error {
 	if f.First <= r.mark+1 {
 		return nil
 	}
@@ -209,8 +209,8 @@ func (r *restoring) judge(f Found) error {
 		return errFromStart
 	}
 	if f.Head.After(r.at) {
-		r.l.short = &ShortError{Queue: r.l.queue, Mark: r.mark, First: f.First, Since: r.at, Head: f.Head}
-		return r.l.short
+		r.l.unrestorable = &ShortError{Queue: r.l.queue, Mark: r.mark, First: f.First, Since: r.at, Head: f.Head}
+		return r.l.unrestorable
 	}
 	return nil
 }
@@ -219,7 +219,7 @@ func (r *restoring) judge(f Found) error {
 // restoreBatch events per transaction, after judging the first.
 func (r *restoring) page(f Found) error {
 	if !r.started {
-		if err := r.judge(f); err != nil {
+		if err := r.reachesBack(f); err != nil {
 			return err
 		}
 		r.started = true
@@ -268,7 +268,7 @@ func (r *restoring) apply(entries []Entry) error {
 			}
 		}
 	}
-	outs, held, err := l.move(ctx, evs, r.prev, last)
+	outs, held, err := l.applyMarked(ctx, evs, r.prev, last)
 	if err != nil && len(entries) > 1 && event.CausedByMessage(event.ClassOf(ctx, err)) {
 		for i := range entries {
 			if err := r.apply(entries[i : i+1]); err != nil {
@@ -289,7 +289,7 @@ func (r *restoring) apply(entries []Entry) error {
 		if err := l.letter(ctx, entries[0], refused); err != nil {
 			return err
 		}
-		if _, held, err = l.move(ctx, nil, r.prev, last); err != nil {
+		if _, held, err = l.applyMarked(ctx, nil, r.prev, last); err != nil {
 			return err
 		}
 	default:
@@ -349,7 +349,7 @@ func (l *Lane) park(ctx context.Context, lt event.OutboxLetter) error {
 // the mark to last or past it, that reader applied these entries: move
 // returns no outcomes and no error, and the mark it found, so that the two
 // restores go on together instead of each starting again.
-func (l *Lane) move(ctx context.Context, evs []event.Event, prev, last int64) ([]event.Outcome, int64, error) {
+func (l *Lane) applyMarked(ctx context.Context, evs []event.Event, prev, last int64) ([]event.Outcome, int64, error) {
 	outs, err := l.inner.ApplyMarked(ctx, evs, event.Mark{Queue: l.queue, Prev: prev, Last: last})
 	if errors.Is(err, event.ErrJournalGap) {
 		if held, _, merr := l.inner.Marked(ctx, l.queue); merr == nil && held >= last {

@@ -11,7 +11,7 @@ import (
 // failover behind PgBouncer) shows no new connection to the service.
 const CheckEvery = 30 * time.Second
 
-// checkFor bounds the start's restore of every queue (Prime), and
+// checkFor bounds the start's restore of every queue (RestoreAtStart), and
 // watchFor one lane's check by the watch, its restore included: the lane
 // is held meanwhile, and its worker's next event waits for it, so a
 // stream that does not answer holds it only so long. A restore cut short
@@ -32,10 +32,10 @@ const (
 func (j *Journal) watch(l *Lane) {
 	j.lanesMu.Lock()
 	if j.lanes == nil {
-		j.lanes, j.known = map[*Lane]struct{}{}, map[string]int64{}
+		j.lanes, j.lastMarks = map[*Lane]struct{}{}, map[string]int64{}
 	}
 	j.lanes[l] = struct{}{}
-	if prev, ok := j.known[l.queue]; ok {
+	if prev, ok := j.lastMarks[l.queue]; ok {
 		l.prev, l.synced = prev, true
 	}
 	j.lanesMu.Unlock()
@@ -44,18 +44,18 @@ func (j *Journal) watch(l *Lane) {
 		defer j.lanesMu.Unlock()
 		delete(j.lanes, l)
 		if synced {
-			j.known[l.queue] = prev
+			j.lastMarks[l.queue] = prev
 		} else {
-			delete(j.known, l.queue)
+			delete(j.lastMarks, l.queue)
 		}
 	}
-	j.Kick()
+	j.CheckNow()
 }
 
-// Kick has the watch check every lane now: the service kicks it at each
+// CheckNow has the watch check every lane now: the service kicks it at each
 // new database connection, so after every reconnect (a failover, a
 // restore), and each new lane does.
-func (j *Journal) Kick() {
+func (j *Journal) CheckNow() {
 	select {
 	case j.kicked() <- struct{}{}:
 	default:

@@ -288,7 +288,7 @@ func TestTheWatchHoldsALaneTenSecondsAtMost(t *testing.T) {
 	}
 }
 
-// The restores of the start (Prime) are counted, as every other restore
+// The restores of the start (RestoreAtStart) are counted, as every other restore
 // is: its lanes report to the journal's Reports, set before any lane
 // opens.
 func TestTheStartsRestoresAreCounted(t *testing.T) {
@@ -297,7 +297,7 @@ func TestTheStartsRestoresAreCounted(t *testing.T) {
 	db.lose(2)
 	var restored int
 	j := &Journal{cfg: Config{Reports: Reports{Restored: func(_ string, n int) { restored += n }}}}
-	j.prime(t.Context(), s, []string{"q.0"}, func() event.MarkedLane { return modelLane{db} }, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	j.restoreAtStart(t.Context(), s, []string{"q.0"}, func() event.MarkedLane { return modelLane{db} }, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if restored != 2 || db.mark != 5 {
 		t.Fatalf("the start restored up to %d and counted %d, want 5 and 2", db.mark, restored)
 	}
