@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -275,6 +276,16 @@ func firstJournalEntry(t *testing.T, ch *amqp.Channel, stream string) int64 {
 	case d := <-deliveries:
 		_ = d.Ack(false)
 		first, _ := d.Headers["x-journal-first"].(int64)
+		if several, ok := d.Headers["x-journal-queues"].(string); ok {
+			// Several queues' entries: the lowest first of them.
+			var ranges map[string][2]int64
+			_ = json.Unmarshal([]byte(several), &ranges)
+			for _, r := range ranges {
+				if first == 0 || r[0] < first {
+					first = r[0]
+				}
+			}
+		}
 		return first
 	case <-time.After(5 * time.Second):
 		return 0
@@ -385,7 +396,24 @@ func readJournal(amqpURL, stream string) (map[string]bool, error) {
 			if f, _ := d.Headers["x-journal-fence"].(string); f == fence {
 				return out, nil
 			}
-			if _, ok := d.Headers["x-journal-queue"]; !ok {
+			body := d.Body
+			if _, several := d.Headers["x-journal-queues"]; several {
+				// Several queues' entries: [{"q": queue, "e": entries}, …].
+				var parts []struct {
+					E json.RawMessage `json:"e"`
+				}
+				if err := json.Unmarshal(d.Body, &parts); err != nil {
+					return nil, fmt.Errorf("a journal message: %w", err)
+				}
+				body = []byte{'['}
+				for i, p := range parts {
+					if i > 0 {
+						body = append(body, ',')
+					}
+					body = append(body, bytes.TrimSuffix(bytes.TrimPrefix(bytes.TrimSpace(p.E), []byte("[")), []byte("]"))...)
+				}
+				body = append(body, ']')
+			} else if _, ok := d.Headers["x-journal-queue"]; !ok {
 				continue
 			}
 			var entries []struct {
@@ -396,7 +424,7 @@ func readJournal(amqpURL, stream string) (map[string]bool, error) {
 					EventID string `json:"eventId"`
 				} `json:"body"`
 			}
-			if err := json.Unmarshal(d.Body, &entries); err != nil {
+			if err := json.Unmarshal(body, &entries); err != nil {
 				return nil, fmt.Errorf("a journal message: %w", err)
 			}
 			for _, en := range entries {

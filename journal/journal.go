@@ -39,6 +39,11 @@ const (
 	hFirst = "x-journal-first"
 	hLast  = "x-journal-last"
 	hFence = "x-journal-fence"
+	// hQueues, on a message that holds several queues' entries (what
+	// several lanes wrote at once, combine.go): by queue, a table of its
+	// first and last sequence; the body is then [{"q": queue, "e":
+	// entries}, …].
+	hQueues = "x-journal-queues"
 )
 
 // maxMessage bounds a journal message's body: the entries of a larger
@@ -162,6 +167,12 @@ type Journal struct {
 	conn *amqp.Connection
 	ch   *amqp.Channel // in confirm mode; nil until opened, and after a failure
 	ans  *answers      // ch's answers (publish.go)
+	// writes are the lanes' writes, on their way to the one writer that
+	// publishes them (combine.go).
+	writes    chan *writeReq
+	startOnce sync.Once
+	quit      chan struct{}
+	quitOnce  sync.Once
 	// blocked is set while the broker blocks conn's publishes (a memory
 	// or disk alarm, connection.blocked): a write then fails at once
 	// instead of waiting for the alarm to pass.
@@ -282,6 +293,7 @@ func (j *Journal) isBlocked() bool {
 
 // Close closes the journal's connection.
 func (j *Journal) Close() {
+	j.stopWriter()
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.closeLocked()
@@ -301,36 +313,6 @@ type Entry struct {
 	// restore parks it again, since the database lost it with the
 	// commit; Event then has only its id and type.
 	Letter *event.OutboxLetter
-}
-
-// write publishes msgs, queue's journal messages, in order, and returns
-// once the broker confirmed each, or ctx ended; at once while the broker
-// blocks the journal's publishes.
-func (j *Journal) write(ctx context.Context, queue string, msgs []event.Spilled) error {
-	if len(msgs) == 0 {
-		return nil
-	}
-	if j.isBlocked() {
-		return fmt.Errorf("journal %s: %w", j.cfg.Stream, errBlocked)
-	}
-	ch, ans, err := j.channel()
-	if err != nil {
-		return err
-	}
-	now := time.Now()
-	answers := make([]<-chan error, len(msgs))
-	for i, m := range msgs {
-		if answers[i], err = j.publish(ctx, ch, ans, publishing(queue, m, now)); err != nil {
-			j.fail(ch)
-			return fmt.Errorf("journal %s: publish: %w", j.cfg.Stream, err)
-		}
-	}
-	for _, a := range answers {
-		if err := j.answer(ctx, ch, a); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // answer waits for a publish's answer on ch; a channel that gave no

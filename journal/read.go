@@ -217,35 +217,83 @@ func (j *Journal) readAll(ctx context.Context, since time.Time, wants map[string
 			}
 			return nil
 		}
-		q, _ := d.Headers[hQueue].(string)
+		ended, err := takeDelivery(wants, d.Headers, d.Body)
+		if err != nil {
+			return fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
+		}
+		open -= ended
+	}
+	return nil
+}
+
+// takeDelivery hands a journal message's entries to the wants of their
+// queues: a message of one queue (hQueue), or of several (hQueues). It
+// returns how many of those queues' reads it ended (their page failed, or
+// their message does not decode), and an error when a message does not
+// decode and does not say which entries it holds.
+func takeDelivery(wants map[string]*want, headers amqp.Table, body []byte) (ended int, err error) {
+	offset := headers["x-stream-offset"]
+	take := func(q string, entries json.RawMessage, r amqp.Table, decodeErr error) error {
 		w := wants[q]
 		if w == nil || w.err != nil {
-			continue
+			return nil
 		}
-		entries, err := decode(q, d.Body)
-		if err != nil {
-			first, ok1 := d.Headers[hFirst].(int64)
-			last, ok2 := d.Headers[hLast].(int64)
+		var es []Entry
+		if decodeErr == nil {
+			es, decodeErr = decode(q, entries)
+		}
+		if decodeErr != nil {
+			first, ok1 := r[hFirst].(int64)
+			last, ok2 := r[hLast].(int64)
 			if !ok1 || !ok2 || last < first {
-				return fmt.Errorf("journal %s: a message of %s at offset %v: %w", j.cfg.Stream, q, d.Headers["x-stream-offset"], err)
+				return fmt.Errorf("a message of %s at offset %v: %w", q, offset, decodeErr)
 			}
-			if w.unreadable(first, last, d.Headers["x-stream-offset"], err) {
-				open--
+			if w.unreadable(first, last, offset, decodeErr) {
+				ended++
 			}
-			continue
+			return nil
 		}
-		f := &w.found
-		for _, e := range entries {
+		for _, e := range es {
 			w.take(e)
 		}
-		if len(f.Entries) >= pageSize {
+		if f := &w.found; len(f.Entries) >= pageSize {
 			if w.err = w.page(*f); w.err != nil {
-				open--
+				ended++
 			}
 			f.Entries = nil
 		}
+		return nil
 	}
-	return nil
+	several, ok := headers[hQueues].(string)
+	if !ok {
+		q, _ := headers[hQueue].(string)
+		return ended, take(q, body, headers, nil)
+	}
+	// Several queues' entries: the ranges say which, should the body
+	// not decode.
+	var ranges map[string][2]int64
+	if err := json.Unmarshal([]byte(several), &ranges); err != nil {
+		return ended, fmt.Errorf("a message of several queues at offset %v: its %s header: %w", offset, hQueues, err)
+	}
+	rangeOf := func(q string) amqp.Table { return amqp.Table{hFirst: ranges[q][0], hLast: ranges[q][1]} }
+	var parts []struct {
+		Q string          `json:"q"`
+		E json.RawMessage `json:"e"`
+	}
+	if perr := json.Unmarshal(body, &parts); perr != nil {
+		for q := range ranges {
+			if err := take(q, nil, rangeOf(q), perr); err != nil {
+				return ended, err
+			}
+		}
+		return ended, nil
+	}
+	for _, p := range parts {
+		if err := take(p.Q, p.E, rangeOf(p.Q), nil); err != nil {
+			return ended, err
+		}
+	}
+	return ended, nil
 }
 
 // pageSize is about how many entries a Read hands over at a time, and
