@@ -14,15 +14,20 @@ import (
 // (worker.go) feeds it what happened (a delivery arrived, and what the
 // shell knows of it: its size, whether its producer is on the allow-list,
 // its decoded event; an attempt to apply returned; what became of a dead
-// letter's copy or of its parking; a wait ended; the session ended; the
-// broker cancelled the consumer; the channel closed) and carries out the
-// one command it returns at a time: apply these events, copy this one to
-// the DLQ, park it, wait, ack, reject, close the channel. A command that
-// settles deliveries carries, for each, the decision (action, class,
-// error) the worker logs and observes; a wait carries why the queue is
-// blocked. The worker reads nothing else of it. model_test.go drives the
-// real worker around it through thousands of random schedules against a
-// model of the broker and the database.
+// letter's copy or of its parking; the journal ticket what an apply or a
+// park committed waits for, and that the journal holds a ticket; a wait
+// ended; the session ended; the shutdown timeout passed; the broker
+// cancelled the consumer; the channel closed; the channel failed a
+// command) and carries out the one command it returns at a time: apply
+// these events, copy this one to the DLQ, park it, wait (for a timer, and
+// for the journal ticket it names), ack, reject, close the channel. A
+// command that settles deliveries carries, for each, the decision
+// (action, class, error) the worker logs and observes; a wait carries why
+// the queue is blocked. The worker reads nothing else of it, and decides
+// neither when a settlement goes nor what a failed command means.
+// model_test.go drives the real worker around it through thousands of
+// random schedules against a model of the broker, the database and the
+// journal.
 //
 // The rules it keeps:
 //   - A delivery whose producer is not on the allow-list is dead-lettered
@@ -36,16 +41,27 @@ import (
 //     final ones: the rejects of the refused go out before it. A refused
 //     copy is rejected without requeue, never returned by requeue: the
 //     queue's own dead-lettering takes it.
+//   - With the journal, a delivery is settled only once the journal holds
+//     the ticket of every apply or park that may have committed it (a
+//     failed attempt's too), and settlements go in order, from the first
+//     in hand: none passes one that waits (core_when.go). The next events
+//     are applied meanwhile.
 //   - Nothing behind a delivery that goes back to the queue is applied or
 //     settled: it all goes back with it, in order, by closing the channel.
 //     A cancel would hand the queue to the next single active consumer
 //     while the held messages are still out, and they would come back
 //     behind what it took meanwhile.
 //   - Once the session ends, nothing new is applied: what is final is
-//     settled, the rest goes back by closing the channel.
-//   - A consumer the broker cancelled settles nothing more: on 4.3 a late
-//     ack would make it the queue's active consumer again, unknown to the
-//     client, beside the next one. Everything goes back by the close.
+//     settled, as the journal holds it, until the shutdown timeout passes;
+//     the rest goes back by closing the channel, and so do the
+//     settlements still waiting for the journal once it has passed.
+//   - A consumer the broker cancelled settles nothing more, not even what
+//     waits for the journal: on 4.3 a late ack would make it the queue's
+//     active consumer again, unknown to the client, beside the next one.
+//     Everything goes back by the close.
+//   - A channel that failed a command is closed (the broker closes it, or
+//     it was lost under it): nothing more is done on it; what was in hand,
+//     the settlements waiting for the journal included, goes back with it.
 //   - A dead letter is copied (published and confirmed) once. While a
 //     broker alarm blocks publishing, or when it cuts the wait for the
 //     confirm, the letter is parked in the database instead, when the
@@ -110,73 +126,14 @@ type slot struct {
 	Retries           int  // failed attempts of the environment it was part of
 	Panics            int  // attempts of it alone that panicked
 	Park              bool // fateLetter: park it in the database rather than copy it
+	// Ticket: the journal ticket its settlement waits for (core.journaling);
+	// 0 when it waits for none.
+	Ticket uint64
 	// Facts the shell gives with the delivery, before it is decoded: the
 	// body's size, and why its producer may not move money (nil: it may).
 	Size    int
 	Refused error
 }
-
-// cmdKind is a kind of command the core gives the worker.
-type cmdKind int
-
-const (
-	cmdNone   cmdKind = iota // nothing to do until something happens
-	cmdApply                 // apply Slots' events in one transaction, once; then applied
-	cmdCopy                  // publish the dead-letter copy of Slots[0] and await its confirm; then copied
-	cmdPark                  // park the dead letter of Slots[0] in the database; then copied
-	cmdWait                  // wait the backoff of retry Attempt (or the batch linger); then tick
-	cmdAck                   // ack Tag, Multiple: it settles Settled
-	cmdReject                // reject Tag without requeue (the queue dead-letters it): it settles Settled
-	cmdClose                 // close the channel, which returns Settled in order
-	cmdDone                  // the worker is finished
-)
-
-var cmdNames = [...]string{"none", "apply", "copy", "park", "wait", "ack", "reject", "close", "done"}
-
-func (k cmdKind) String() string { return cmdNames[k] }
-
-// command is what the worker is to do next.
-type command struct {
-	Kind     cmdKind
-	Slots    []*slot // cmdApply, cmdCopy, cmdPark
-	Settled  []settlement
-	Tag      uint64
-	Multiple bool
-	Attempt  int  // cmdWait: the 0-based retry whose backoff to wait
-	Linger   bool // cmdWait: wait for more deliveries instead
-	// Force (cmdCopy): publish even while an alarm blocks publishing, and
-	// wait for the confirm however long the alarm lasts.
-	Force bool
-	// Blocked (cmdWait of a retry): the delivery the queue is held on,
-	// and the environment's last failure.
-	Blocked *slot
-	Err     error
-}
-
-// settlement is the decision about one delivery that a command settles.
-type settlement struct {
-	Slot   *slot
-	Action Action
-	Class  event.Class // "" when acked after its commit
-	Err    error       // why it is not simply acked; nil when it is
-}
-
-// copyFact is what became of a dead letter's copy, or of its parking.
-type copyFact int
-
-const (
-	factConfirmed  copyFact = iota // the broker confirmed the copy
-	factRefused                    // nacked, unroutable, refused, or the publish failed
-	factAlarm                      // a broker alarm blocks publishing: not sent, or its confirm cut by the alarm
-	factEnded                      // the session ended before the confirm
-	factParked                     // parked in the database
-	factParkFailed                 // the database could not park it
-	factAnswered                   // a publish an alarm cut short was answered: confirmed when err is nil
-)
-
-var factNames = [...]string{"confirmed", "refused", "alarm", "ended", "parked", "park failed", "answered"}
-
-func (f copyFact) String() string { return factNames[f] }
 
 // coreConfig is what a core is told once.
 type coreConfig struct {
@@ -209,8 +166,14 @@ type core struct {
 
 	ending    bool // the session ended or the broker cancelled the consumer
 	cancelled bool // the broker cancelled the consumer: nothing more is settled
+	late      bool // the shutdown timeout passed: nothing more waits for the journal
 	done      bool
-	closedErr bool // the channel closed under us: the broker has everything back
+	closedErr bool    // the channel closed under us: the broker has everything back
+	lost      []*slot // settlements the channel's loss dropped, for cmdDone to report
+
+	// journaledTo: the journal holds what was committed up to this ticket
+	// (core_when.go).
+	journaledTo uint64
 }
 
 func newCore(cfg coreConfig) *core {
@@ -400,36 +363,6 @@ func (c *core) tick() {
 	} else {
 		c.lingered = true
 	}
-}
-
-// end: the session ended (shutdown, or a failure elsewhere). Nothing new
-// is applied; a wait under way stops.
-func (c *core) end() {
-	c.ending = true
-	if c.busy == cmdWait {
-		c.busy = cmdNone
-	}
-}
-
-// cancel: the broker cancelled the consumer (from 4.3 its consumer timeout
-// does so, and has already returned what the consumer held). Nothing more
-// is settled or applied, not even what commits after the cancel: on 4.3 a
-// late ack would make this consumer the queue's active one again, unknown
-// to the client. The channel is closed, which returns whatever the broker
-// still counts as held, in order; what had committed comes back as
-// duplicates.
-func (c *core) cancel() {
-	c.end()
-	c.cancelled = true
-}
-
-// channelClosed: the channel is gone, and with it everything in hand: the
-// broker returns what was not settled.
-func (c *core) channelClosed() {
-	c.closedErr = true
-	c.ending = true
-	c.busy = cmdNone
-	c.slots = nil
 }
 
 // errReturned is the outcome of a delivery that went back to its queue

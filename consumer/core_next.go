@@ -4,13 +4,15 @@ import "transferconsumer/event"
 
 // next returns the one command to carry out now: cmdNone while a command
 // under way has not reported back or nothing is to be done until a
-// delivery arrives.
+// delivery arrives or the journal holds the ticket it names (Await).
 func (c *core) next() command {
 	if c.done {
-		return command{Kind: cmdDone}
+		lost := c.lost
+		c.lost = nil
+		return command{Kind: cmdDone, Settled: settlements(lost...)}
 	}
-	if c.busy != cmdNone {
-		return command{}
+	if c.late {
+		c.drop("the shutdown timeout passed")
 	}
 	// r: the first delivery that goes back; everything behind it goes
 	// back with it, and only what is before it is worked on.
@@ -24,6 +26,9 @@ func (c *core) next() command {
 	if cmd, ok := c.settle(r); ok {
 		return cmd
 	}
+	if c.busy != cmdNone {
+		return command{Await: c.awaiting()} // a wait under way: the journal may let a settlement go meanwhile
+	}
 	head := c.slots[:r]
 	if cmd, ok := c.work(head, r == len(c.slots)); ok {
 		return cmd
@@ -31,10 +36,14 @@ func (c *core) next() command {
 	switch {
 	case r == 0 && len(c.slots) > 0:
 		return c.giveBack()
+	case c.awaiting() != 0:
+		// Settlements wait for the journal: once the session ended, the
+		// close waits for them too, until the shutdown timeout passes.
+		return command{Await: c.awaiting()}
 	case c.ending:
 		c.done = true
 		if c.closedErr {
-			return command{Kind: cmdDone}
+			return c.next()
 		}
 		// Deliveries may be on their way: closing returns them.
 		return command{Kind: cmdClose}
@@ -89,7 +98,7 @@ slots:
 	}
 	if c.backoff {
 		c.busy = cmdWait
-		return command{Kind: cmdWait, Attempt: c.failures - 1, Blocked: first, Err: c.lastErr}, true
+		return command{Kind: cmdWait, Attempt: c.failures - 1, Blocked: first, Err: c.lastErr, Await: c.awaiting()}, true
 	}
 	if letter != nil {
 		kind := cmdCopy
@@ -106,7 +115,7 @@ slots:
 	}
 	if mayLinger && c.linger && !c.lingered && c.span == 0 && c.failures == 0 && len(pending) < c.max {
 		c.busy = cmdWait
-		return command{Kind: cmdWait, Linger: true}, true
+		return command{Kind: cmdWait, Linger: true, Await: c.awaiting()}, true
 	}
 	c.lingered = false
 	for _, s := range pending[:n] {
@@ -119,10 +128,11 @@ slots:
 // settle returns the command that settles the final slots among the first
 // upto, if any: the reject of a refused one first, so that no multiple ack
 // covers it; then one ack, multiple when it covers several, naming the
-// last of them. It settles only a run of final slots from the first.
+// last of them. It settles only a run of final slots from the first, each
+// held by the journal (core_when.go): none passes one that waits for it.
 func (c *core) settle(upto int) (command, bool) {
 	k := 0
-	for k < upto && c.slots[k].Fate.final() {
+	for k < upto && c.slots[k].Fate.final() && c.held(c.slots[k]) {
 		k++
 	}
 	if k == 0 {

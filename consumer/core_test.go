@@ -292,3 +292,176 @@ func TestCoreAppliesNothingBehindAPanicsLetter(t *testing.T) {
 		}
 	})
 }
+
+// show is a command as the journal's tests read it.
+func show(cmd command) string {
+	line := cmd.Kind.String()
+	for _, s := range cmd.Slots {
+		line += fmt.Sprintf(" [%d]", s.Tag)
+	}
+	if cmd.Kind == cmdAck {
+		line += fmt.Sprintf(" %d multiple=%v", cmd.Tag, cmd.Multiple)
+	} else {
+		for _, st := range cmd.Settled {
+			line += fmt.Sprintf(" %d %s", st.Slot.Tag, st.Action)
+			if st.Action == ActionRequeue {
+				line += fmt.Sprintf(" (%s)", st.Class)
+			}
+		}
+	}
+	if cmd.Await != 0 {
+		line += fmt.Sprintf(" await %d", cmd.Await)
+	}
+	return line
+}
+
+// With the journal, the core settles a delivery only once the journal
+// holds the ticket of what committed it, in order, and drops what still
+// waits when the shutdown timeout passes, the broker cancels the consumer
+// or the channel is lost: the worker only tells it the facts.
+func TestCoreSettlesOnlyWhatTheJournalHolds(t *testing.T) {
+	conflict := event.Conflict(errors.New("same eventId, other content"))
+	tests := []struct {
+		name   string
+		n      int
+		poison []uint64
+		steps  func(c *core, do func(string))
+		want   string
+	}{
+		{name: "an ack waits for its ticket", n: 1,
+			steps: func(c *core, do func(string)) {
+				do("apply")
+				c.journaling(1)
+				c.applied(make([]event.Outcome, 1), nil, "")
+				do("next")
+				c.journaled(1)
+				do("next")
+				do("next")
+			},
+			want: "apply [1]; none await 1; ack 1 multiple=false; none"},
+		{name: "the next is applied meanwhile; a later ticket holds the earlier ones", n: 2,
+			steps: func(c *core, do func(string)) {
+				do("apply")
+				c.journaling(1)
+				c.applied(make([]event.Outcome, 1), nil, "")
+				do("apply")
+				c.journaling(2)
+				c.applied(make([]event.Outcome, 1), nil, "")
+				do("next")
+				c.journaled(2)
+				do("next")
+			},
+			want: "apply [1]; apply [2]; none await 1; ack 2 multiple=true"},
+		{name: "in order: a letter copied behind an ack that waits waits too", n: 2, poison: []uint64{2},
+			steps: func(c *core, do func(string)) {
+				do("copy")
+				c.copied(factConfirmed, nil)
+				do("apply")
+				c.journaling(1)
+				c.applied(make([]event.Outcome, 1), nil, "")
+				do("next")
+				c.journaled(1)
+				do("next")
+			},
+			want: "copy [2]; apply [1]; none await 1; ack 2 multiple=true"},
+		{name: "a producer conflict's commit is waited for, though the attempt failed", n: 1,
+			steps: func(c *core, do func(string)) {
+				do("apply")
+				c.journaling(1)
+				c.applied(nil, conflict, event.ClassConflict)
+				do("copy")
+				c.copied(factConfirmed, nil)
+				do("next")
+				c.journaled(1)
+				do("next")
+			},
+			want: "apply [1]; copy [1]; none await 1; ack 1 multiple=false"},
+		{name: "a parked letter's ack waits for its entry", n: 1, poison: []uint64{1},
+			steps: func(c *core, do func(string)) {
+				do("copy")
+				c.copied(factAlarm, nil)
+				do("park")
+				c.journaling(1)
+				c.copied(factParked, nil)
+				do("next")
+				c.journaled(1)
+				do("next")
+			},
+			want: "copy [1]; park [1]; none await 1; ack 1 multiple=false"},
+		{name: "once the session ended, the close waits for the journal", n: 2,
+			steps: func(c *core, do func(string)) {
+				do("apply")
+				c.journaling(1)
+				c.applied(make([]event.Outcome, 1), nil, "")
+				c.end()
+				do("next")
+				c.journaled(1)
+				do("next")
+				do("next")
+				do("next")
+			},
+			want: "apply [1]; none await 1; ack 1 multiple=false; close 2 requeue (shutdown); done"},
+		{name: "the shutdown timeout drops what waits: it goes back by the close", n: 2,
+			steps: func(c *core, do func(string)) {
+				do("apply")
+				c.journaling(1)
+				c.applied(make([]event.Outcome, 1), nil, "")
+				c.end()
+				do("next")
+				c.expired()
+				do("next")
+				do("next")
+			},
+			want: "apply [1]; none await 1; close 1 requeue (shutdown) 2 requeue (shutdown); done"},
+		{name: "the broker's cancel drops what waits", n: 1,
+			steps: func(c *core, do func(string)) {
+				do("apply")
+				c.journaling(1)
+				c.applied(make([]event.Outcome, 1), nil, "")
+				do("next")
+				c.cancel()
+				c.journaled(1) // too late: nothing more is settled
+				do("next")
+				do("next")
+			},
+			want: "apply [1]; none await 1; close 1 requeue (shutdown); done"},
+		{name: "a closed channel drops what waits: done, reporting it", n: 1,
+			steps: func(c *core, do func(string)) {
+				do("apply")
+				c.journaling(1)
+				c.applied(make([]event.Outcome, 1), nil, "")
+				c.channelClosed()
+				do("next")
+				do("next")
+			},
+			want: "apply [1]; done 1 requeue (shutdown); done"},
+		{name: "a failed command is a closed channel: nothing more is done on it", n: 2,
+			steps: func(c *core, do func(string)) {
+				do("apply")
+				c.journaling(1)
+				c.applied(make([]event.Outcome, 1), nil, "")
+				c.journaled(1)
+				do("ack")
+				c.commandFailed(command{Kind: cmdAck}, errors.New("channel closed"))
+				do("next")
+			},
+			want: "apply [1]; ack 1 multiple=false; done"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := newCore(coreConfig{Max: 1})
+			deliverN(c, tt.n, tt.poison...)
+			var got []string
+			tt.steps(c, func(want string) {
+				cmd := c.next()
+				if want != "next" && cmd.Kind.String() != want {
+					t.Fatalf("after %v: %s, want %s", got, show(cmd), want)
+				}
+				got = append(got, show(cmd))
+			})
+			if s := strings.Join(got, "; "); s != tt.want {
+				t.Errorf("\ngot  %s\nwant %s", s, tt.want)
+			}
+		})
+	}
+}

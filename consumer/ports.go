@@ -62,7 +62,7 @@ const (
 	hTimer                          // the timer armed last is due
 	hEnded                          // the session ended
 	hClosed                         // the channel's close notification
-	hJournaled                      // what the first settlement waiting for the journal waits on is closed
+	hJournaled                      // the journal ticket the core awaits is held (its channel is closed)
 )
 
 // loopPort is where the worker's loop waits: *amqpLoop, which selects on
@@ -72,9 +72,10 @@ const (
 type loopPort interface {
 	// arm arms the timer to be due after d, in place of one armed before.
 	arm(d time.Duration)
-	// next waits for the next happening; the session's end is one when
-	// ended is closed, and the journal's confirm one when journaled is
-	// (nil: not watched).
+	// next waits for the next happening; the session's end (or, once it
+	// was told, the shutdown timeout's) is one when ended is closed, and
+	// the journal's confirm of the ticket the core awaits one when
+	// journaled is (nil: not watched).
 	next(ended, journaled <-chan struct{}) happening
 	// arrived returns a delivery that has arrived already, without
 	// waiting: the worker gathers a batch with it.

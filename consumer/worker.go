@@ -28,6 +28,7 @@ type worker struct {
 	session    context.Context // ends with the broker session: nothing new is applied (Run, service.go)
 	told       bool            // the core was told that the session ended
 	work       context.Context // outlives session, to ShutdownTimeout past shutdown (Run, service.go)
+	late       bool            // the core was told that work ended
 	lane       event.Lane      // when the applier has lanes; else each attempt gets a timeout context
 	letters    letterPort      // where dead-letter copies go out
 	parker     Parker          // where a dead letter waits out a broker alarm; nil when the applier cannot
@@ -42,9 +43,12 @@ type worker struct {
 	traceID string
 	blocked Blocked        // while the core retries in place
 	th      retry.Throttle // when to log a blocked queue
-	// later holds the settlements that wait for the journal's confirm of
-	// what they settle, in the order the core gave them (worker_journal.go).
-	later []command
+	// tickets: with the journal, what is closed once the journal holds
+	// what was committed up to each ticket the core was given, by ticket
+	// (worker_journal.go); ticket the last one given; await the one the
+	// core's last command names.
+	tickets       map[uint64]<-chan struct{}
+	ticket, await uint64
 }
 
 // delivery is one delivery in hand, as the worker keeps it.
@@ -55,9 +59,6 @@ type delivery struct {
 	// abandoned: the answer to its dead letter's publish that an alarm
 	// cut short, for the parker.
 	abandoned <-chan error
-	// journaled: what is closed once the transaction that applied it is
-	// journaled (journaledLane); nil when there is nothing to wait for.
-	journaled <-chan struct{}
 }
 
 // run carries out the core's commands until it is finished: the session
@@ -76,13 +77,16 @@ func (w *worker) run(session context.Context) error {
 			w.loop.arm(delay)
 		}
 		var ended <-chan struct{}
-		if !w.told {
+		switch {
+		case !w.told:
 			ended = session.Done()
+		case !w.late:
+			ended = w.work.Done() // the shutdown timeout: the core stops waiting for the journal
 		}
-		h := w.loop.next(ended, w.waitingOn())
+		h := w.loop.next(ended, w.tickets[w.await])
 		switch h.Kind {
 		case hJournaled:
-			// advance sends what is due, one settlement a step.
+			w.journaled(w.await)
 		case hDelivery:
 			w.take(h.D)
 			w.gather()
@@ -97,7 +101,11 @@ func (w *worker) run(session context.Context) error {
 		case hTimer:
 			w.core.tick()
 		case hEnded:
-			w.ended()
+			if !w.told {
+				w.ended()
+			} else {
+				w.expired()
+			}
 		case hClosed:
 			w.channelClosed(h.Reason)
 		}
@@ -107,11 +115,15 @@ func (w *worker) run(session context.Context) error {
 // advance carries out the core's commands until it has none for now, and
 // says whether the core waits for a timer (of delay) or is done. Before
 // each command it looks whether the session has ended: an ended session
-// goes first, before deliveries waiting and before the next command.
+// goes first, before deliveries waiting and before the next command; so
+// does the shutdown timeout's end.
 func (w *worker) advance() (time.Duration, stepState) {
 	for {
 		if !w.told && w.session.Err() != nil {
 			w.ended()
+		}
+		if w.told && !w.late && w.work.Err() != nil {
+			w.expired()
 		}
 		if delay, state, ran := w.step(); !ran {
 			return delay, state
@@ -123,15 +135,11 @@ func (w *worker) advance() (time.Duration, stepState) {
 // now (ran); else it says whether the core waits for a timer (of delay),
 // is idle until something happens, or is done.
 func (w *worker) step() (delay time.Duration, state stepState, ran bool) {
-	if w.laterDue() {
-		// A settlement the journal held is due: it goes first, a step of
-		// its own, as each of the core's commands is.
-		w.sendFirst()
-		return 0, stepIdle, true
-	}
 	cmd := w.core.next()
+	w.await = cmd.Await
 	switch cmd.Kind {
 	case cmdDone:
+		w.settled(cmd.Settled, nil) // gone back with the channel before they could be sent
 		return 0, stepDone, false
 	case cmdNone:
 		return 0, stepIdle, false
@@ -145,7 +153,7 @@ func (w *worker) step() (delay time.Duration, state stepState, ran bool) {
 	}
 	if err := w.exec(cmd); err != nil {
 		w.fail(err)
-		w.core.channelClosed() // a channel that failed a command is closed by the broker
+		w.core.commandFailed(cmd, err) // the core decides what a failed command means
 	}
 	return 0, stepIdle, true
 }
@@ -156,6 +164,13 @@ func (w *worker) ended() {
 	w.core.end()
 }
 
+// expired: the work's context ended (SHUTDOWN_TIMEOUT past shutdown); the
+// core is told once.
+func (w *worker) expired() {
+	w.late = true
+	w.core.expired()
+}
+
 func (w *worker) fail(err error) {
 	if w.failed == nil {
 		w.failed = err
@@ -164,14 +179,12 @@ func (w *worker) fail(err error) {
 
 // channelClosed: the broker closed the channel (reason), or it was lost.
 func (w *worker) channelClosed(reason *amqp.Error) {
-	w.dropLater("the channel closed")
 	w.core.channelClosed()
 	w.fail(fmt.Errorf("queue %s: consumer channel closed: %v", w.queue, reason))
 }
 
 // cancelled: the broker cancelled the consumer, the channel still open.
 func (w *worker) cancelled() {
-	w.dropLater("the broker cancelled the consumer")
 	w.core.cancel()
 	w.fail(fmt.Errorf("queue %s: the broker cancelled the consumer", w.queue))
 }
@@ -241,7 +254,7 @@ func (w *worker) exec(cmd command) error {
 	switch cmd.Kind {
 	case cmdApply:
 		outs, err := w.apply(w.session, cmd.Slots)
-		w.awaitJournal(cmd.Slots) // a producer conflict's commit, too
+		w.awaitJournal() // a producer conflict's commit, too
 		w.core.applied(outs, err, event.ClassOf(w.session, err))
 		w.unblock()
 	case cmdCopy:
@@ -253,19 +266,10 @@ func (w *worker) exec(cmd command) error {
 		w.core.copied(f, err)
 		w.unblock()
 	case cmdAck, cmdReject:
-		if w.deferred(cmd) {
-			return nil
-		}
 		return w.settle(cmd)
 	case cmdClose:
 		// Everything unsettled goes back together, in order; a close that
-		// fails has lost the channel, which returns it all the same. The
-		// settlements waiting for the journal go first, while it lasts;
-		// a channel that failed one has returned the rest already.
-		if !w.flushLater() {
-			w.settled(cmd.Settled, w.failed)
-			return nil
-		}
+		// fails has lost the channel, which returns it all the same.
 		w.settled(cmd.Settled, w.ch.Close())
 	}
 	return nil

@@ -82,7 +82,7 @@ func (w *worker) park(s *slot) (copyFact, error) {
 	if pl, ok := w.lane.(parkingLane); ok {
 		// Journaled with the queue's mark: the ack waits for its entry.
 		if err = pl.Park(ctx, letter); err == nil {
-			h.journaled = pl.Journaled()
+			w.awaitJournal()
 		}
 	} else {
 		err = w.parker.Park(ctx, letter)

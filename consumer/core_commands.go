@@ -1,0 +1,72 @@
+package consumer
+
+import "transferconsumer/event"
+
+// What the core tells the worker (commands, and the decision about each
+// delivery they settle) and what becomes of a dead letter's copy, which
+// the worker tells it (core.go).
+
+// cmdKind is a kind of command the core gives the worker.
+type cmdKind int
+
+const (
+	cmdNone   cmdKind = iota // nothing to do until something happens (journal ticket Await, if any, is journaled)
+	cmdApply                 // apply Slots' events in one transaction, once; then applied
+	cmdCopy                  // publish the dead-letter copy of Slots[0] and await its confirm; then copied
+	cmdPark                  // park the dead letter of Slots[0] in the database; then copied
+	cmdWait                  // wait the backoff of retry Attempt (or the batch linger); then tick
+	cmdAck                   // ack Tag, Multiple: it settles Settled
+	cmdReject                // reject Tag without requeue (the queue dead-letters it): it settles Settled
+	cmdClose                 // close the channel, which returns Settled in order
+	cmdDone                  // the worker is finished; Settled went back with the lost channel unsettled
+)
+
+var cmdNames = [...]string{"none", "apply", "copy", "park", "wait", "ack", "reject", "close", "done"}
+
+func (k cmdKind) String() string { return cmdNames[k] }
+
+// command is what the worker is to do next.
+type command struct {
+	Kind     cmdKind
+	Slots    []*slot // cmdApply, cmdCopy, cmdPark
+	Settled  []settlement
+	Tag      uint64
+	Multiple bool
+	Attempt  int  // cmdWait: the 0-based retry whose backoff to wait
+	Linger   bool // cmdWait: wait for more deliveries instead
+	// Force (cmdCopy): publish even while an alarm blocks publishing, and
+	// wait for the confirm however long the alarm lasts.
+	Force bool
+	// Blocked (cmdWait of a retry): the delivery the queue is held on,
+	// and the environment's last failure.
+	Blocked *slot
+	Err     error
+	// Await (cmdNone, cmdWait): the journal ticket whose confirm the
+	// settlements in hand wait for (then journaled); 0: none.
+	Await uint64
+}
+
+// settlement is the decision about one delivery that a command settles.
+type settlement struct {
+	Slot   *slot
+	Action Action
+	Class  event.Class // "" when acked after its commit
+	Err    error       // why it is not simply acked; nil when it is
+}
+
+// copyFact is what became of a dead letter's copy, or of its parking.
+type copyFact int
+
+const (
+	factConfirmed  copyFact = iota // the broker confirmed the copy
+	factRefused                    // nacked, unroutable, refused, or the publish failed
+	factAlarm                      // a broker alarm blocks publishing: not sent, or its confirm cut by the alarm
+	factEnded                      // the session ended before the confirm
+	factParked                     // parked in the database
+	factParkFailed                 // the database could not park it
+	factAnswered                   // a publish an alarm cut short was answered: confirmed when err is nil
+)
+
+var factNames = [...]string{"confirmed", "refused", "alarm", "ended", "parked", "park failed", "answered"}
+
+func (f copyFact) String() string { return factNames[f] }
