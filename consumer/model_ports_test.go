@@ -59,6 +59,9 @@ type replica struct {
 	// unjournaled: with the journal, its commits whose entries the broker
 	// has not confirmed yet, oldest first.
 	unjournaled []*mentries
+	// journalStuck: SHUTDOWN_TIMEOUT passed while it waited for the
+	// journal, which confirms nothing more until the environment heals.
+	journalStuck bool
 }
 
 // stop is where a replica's worker stopped.
@@ -92,6 +95,9 @@ type sim struct {
 	reps    []*replica
 	gens    int
 	journal bool // the replicas apply through a journaledLane
+	// lateJournal: the journal confirms a replica's entries only once its
+	// session ended (until the environment heals)
+	lateJournal bool
 	// flushStrikes: consumer timeouts struck while a worker waited for
 	// the journal (timeoutWhileFlushing)
 	flushStrikes int
@@ -144,7 +150,7 @@ func (s *sim) start(rp *replica) {
 	rp.running, rp.ended, rp.sinceEnd, rp.armed = true, false, 0, false
 	rp.channelGone, rp.cancelNotice, rp.cancelSeen, rp.alarmCopies = false, false, false, 0
 	rp.failedCmd, rp.lastCall, rp.waitApply, rp.waitLetter, rp.blame, rp.mayBug = "", "", false, false, true, true
-	rp.nacked, rp.lonePanics, rp.unjournaled = map[int]string{}, map[string]int{}, nil
+	rp.nacked, rp.lonePanics, rp.unjournaled, rp.journalStuck = map[int]string{}, map[string]int{}, nil, false
 	app := &mapp{s: s, rp: rp}
 	producers, _ := NewProducers("producer", "")
 	cfg := Config{BatchMax: s.batchMax, Instance: "r" + strconv.Itoa(rp.gen), ApplyTimeout: time.Second,
@@ -297,7 +303,7 @@ func (s *sim) ready(rp *replica) []happening {
 	if rp.armed {
 		hs = append(hs, happening{Kind: hTimer})
 	}
-	if closed(rp.at.ended) { // the session's end, or the work's (flushLater)
+	if closed(rp.at.ended) { // the session's end, or, once told, the work's (SHUTDOWN_TIMEOUT)
 		hs = append(hs, happening{Kind: hEnded})
 	}
 	if closed(rp.at.journaled) {

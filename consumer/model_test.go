@@ -427,13 +427,17 @@ type schedule struct {
 }
 
 func (sc schedule) String() string {
-	return fmt.Sprintf("seed=%d version=%v messages=%d disruptions=%d replicas=%d batch_max=%d journal=%v",
-		sc.seed, sc.ver, sc.messages, sc.disruptions, sc.replicas, sc.batchMax, sc.journal())
+	return fmt.Sprintf("seed=%d version=%v messages=%d disruptions=%d replicas=%d batch_max=%d journal=%v late_journal=%v",
+		sc.seed, sc.ver, sc.messages, sc.disruptions, sc.replicas, sc.batchMax, sc.journal(), sc.lateJournal())
 }
 
 // journal: one schedule in three applies through a journaledLane. It is
 // told by the seed, so that the others draw what they drew before.
 func (sc schedule) journal() bool { return sc.seed%3 == 1 }
+
+// lateJournal: in one journal schedule in four, the journal confirms a
+// replica's entries only once its session ended (model_journal_test.go).
+func (sc schedule) lateJournal() bool { return sc.journal() && sc.seed/3%4 == 0 }
 
 func newSchedule(seed uint64) schedule {
 	r := rand.New(rand.NewPCG(seed, 0))
@@ -486,7 +490,7 @@ func play(ft *fatalT, sc schedule) {
 		mayTwice: map[int]bool{}, db: db}
 	b.r = r
 	s := &sim{r: r, b: b, db: db, batchMax: sc.batchMax, linger: r.IntN(3) == 0, maxBody: 400 + r.IntN(200),
-		stuck: map[string]bool{}, ft: ft, journal: sc.journal()}
+		stuck: map[string]bool{}, ft: ft, journal: sc.journal(), lateJournal: sc.lateJournal()}
 	ft.inWorker = &s.inWorker
 	fatal := func(format string, args ...any) {
 		if ft.msg == "" {
