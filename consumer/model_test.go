@@ -29,6 +29,8 @@ import (
 //
 //   - nothing is acked unless it was applied, or dead-lettered with its
 //     copy confirmed or parked;
+//   - with the journal, nothing is acked before the journal confirmed the
+//     entries of the commit that applied it (model_journal_test.go);
 //   - nothing is applied twice, and each account's balance is the sum of
 //     the events applied to it, each once, even when a COMMIT's answer is
 //     lost;
