@@ -375,36 +375,30 @@ func (s *Service) awaitHealthy(stop context.Context) error {
 		s.clearAllBlocked()
 		return nil
 	}
-	var th retry.Throttle
 	start := time.Now()
 	waiting := "not consuming until a probe of the database passes: a queue was blocked when the last broker session ended"
 	s.brokerErr.Store(&waiting)
-	for attempt := 0; ; attempt++ {
+	n, err := retry.Until(stop, s.cfg.Retry, func() error {
 		ctx, cancel := context.WithTimeout(stop, s.cfg.ApplyTimeout)
-		err := p.Probe(ctx)
-		cancel()
-		if err == nil {
-			s.clearAllBlocked()
-			if attempt > 0 {
-				s.log.Info("environment healthy again, consuming", "probe_attempts", attempt+1,
-					"waited_ms", time.Since(start).Milliseconds())
-			}
-			return nil
-		}
-		delay := s.cfg.Retry.Delay(attempt)
+		defer cancel()
+		return p.Probe(ctx)
+	}, func(attempt int, err error, delay time.Duration, logDue bool) {
 		if s.cfg.ObserveRetry != nil {
-			s.cfg.ObserveRetry(Retry{Attempt: attempt + 1, Delay: delay, Err: err})
+			s.cfg.ObserveRetry(Retry{Attempt: attempt, Delay: delay, Err: err})
 		}
-		if due, _ := th.Due(attempt+1, err.Error()); due {
+		if logDue {
 			s.log.Warn("a queue was blocked when the broker session ended; consuming resumes once a probe of the database passes",
-				"attempts", attempt+1, "waited_ms", time.Since(start).Milliseconds(), "next_retry_ms", delay.Milliseconds(), "err", err)
+				"attempts", attempt, "waited_ms", time.Since(start).Milliseconds(), "next_retry_ms", delay.Milliseconds(), "err", err)
 		}
-		select {
-		case <-stop.Done():
-			return context.Cause(stop)
-		case <-time.After(delay):
-		}
+	})
+	if err != nil {
+		return err
 	}
+	s.clearAllBlocked()
+	if n > 1 {
+		s.log.Info("environment healthy again, consuming", "probe_attempts", n, "waited_ms", time.Since(start).Milliseconds())
+	}
+	return nil
 }
 
 func (s *Service) clearAllBlocked() {

@@ -257,50 +257,35 @@ func (a *appender) put(ctx context.Context, entries []Entry) bool {
 		return ctx.Err() == nil
 	}
 	msgs, encErr := encode(entries) // of Go values json.Marshal always takes: a bug, held in place visibly
-	var th retry.Throttle
 	var since time.Time
-	for attempt := 0; ; attempt++ {
-		err := encErr
-		if err == nil {
-			err = a.try(ctx, msgs)
+	n, err := retry.Until(ctx, writeRetry, func() error {
+		if encErr != nil {
+			return encErr
 		}
-		if err == nil {
-			if attempt > 0 {
-				a.log.Info("journal: the entries it could not write are held now", "queue", a.queue,
-					"attempts", attempt+1)
-				a.healed()
-			}
-			return true
-		}
-		if ctx.Err() != nil {
-			if attempt > 0 {
-				a.healed() // the lane closes: no one waits on its entries now
-			}
-			return false
-		}
-		if attempt == 0 {
+		return a.try(ctx, msgs)
+	}, func(attempt int, err error, _ time.Duration, logDue bool) {
+		if attempt == 1 {
 			since = time.Now()
 		}
-		first := Entry{}
-		if len(entries) > 0 {
-			first = entries[0]
+		if a.reports.Stalled != nil {
+			a.reports.Stalled(a.queue, since, attempt, entries[0].Event.ID, err)
 		}
-		if a.reports.Stalled != nil && len(entries) > 0 {
-			a.reports.Stalled(a.queue, since, attempt+1, first.Event.ID, err)
-		}
-		if due, _ := th.Due(attempt+1, err.Error()); due {
+		if logDue {
 			a.log.Warn("journal: neither the stream nor the database took a transaction's entries; its events are not acked, and the write is tried again",
-				"queue", a.queue, "from_seq", first.Seq, "entries", len(entries), "attempt", attempt+1, "err", err)
+				"queue", a.queue, "from_seq", entries[0].Seq, "entries", len(entries), "attempt", attempt, "err", err)
 		}
-		t := time.NewTimer(writeRetry.Delay(attempt))
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+	})
+	switch {
+	case err != nil: // the lane closes: no one waits on its entries now
+		if !since.IsZero() {
 			a.healed()
-			return false
 		}
+		return false
+	case n > 1:
+		a.log.Info("journal: the entries it could not write are held now", "queue", a.queue, "attempts", n)
+		a.healed()
 	}
+	return true
 }
 
 func (a *appender) healed() {
