@@ -122,10 +122,17 @@ func setBrokerEnv(t *testing.T, ctl brokerCtl, key string, value int64) (restore
 	t.Helper()
 	alone(t, "the broker's "+key)
 	previous := strings.TrimSpace(ctl.run(t, "eval", fmt.Sprintf("application:get_env(rabbit, %s).", key)))
+	v, set := strings.CutPrefix(previous, "{ok,")
+	if !set && previous != "undefined" {
+		// Unsetting a setting the broker's own defaults fill (a channel
+		// reads channel_tick_interval as it opens) would break every
+		// channel opened after: touch nothing.
+		t.Fatalf("the broker's %s reads as %q, neither {ok, …} nor undefined: not changed", key, previous)
+	}
 	var once sync.Once
 	restore = func() {
 		once.Do(func() {
-			if v, ok := strings.CutPrefix(previous, "{ok,"); ok {
+			if set {
 				ctl.run(t, "eval", fmt.Sprintf("application:set_env(rabbit, %s, %s).", key, strings.TrimSuffix(v, "}")))
 			} else {
 				ctl.run(t, "eval", fmt.Sprintf("application:unset_env(rabbit, %s).", key))
