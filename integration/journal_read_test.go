@@ -61,7 +61,10 @@ func TestAStartReadsTheJournalOnlyFromTheSkewBeforeTheMarks(t *testing.T) {
 
 	readAtStart := func(skew string) float64 {
 		p := startProcess(t, env(skew))
-		p.waitConsuming(1)
+		// The start reads the stream before it consumes; beside the
+		// other tests, under -race, that has taken over a minute here.
+		waitFor(t, 3*time.Minute, "the service to consume after its start's read of the journal",
+			func() bool { return p.count("msg", "consuming") >= 1 })
 		n := metricValue(getText(t, p.httpAddr()+"/metrics"), "transferconsumer_journal_read_bytes_total")
 		if err := p.stop(syscall.SIGTERM, 20*time.Second); err != nil {
 			t.Fatalf("exit after SIGTERM: %v", err)
