@@ -13,22 +13,22 @@ import (
 	"transferconsumer/event"
 )
 
-// apply makes one attempt at the events of slots, in one transaction,
+// apply makes one attempt at the events of the deliveries hand, in one transaction,
 // within ApplyTimeout and while work lasts: one event through Apply,
 // several through the lane's ApplyBatch (the core gives several only to a
 // lane that batches). A panic is recovered as ClassPanic, logged with its
 // stack, and the lane, which it may have left inside a transaction, is
 // replaced.
-func (w *worker) apply(session context.Context, slots []*slot) (outs []event.Outcome, err error) {
-	evs := make([]event.Event, len(slots))
-	for i, s := range slots {
+func (w *worker) apply(session context.Context, hand []*inHand) (outs []event.Outcome, err error) {
+	evs := make([]event.Event, len(hand))
+	for i, s := range hand {
 		evs[i] = s.Event
 	}
 	if w.svc.cfg.ObserveBatch != nil && w.svc.cfg.BatchMax > 1 {
 		w.svc.cfg.ObserveBatch(len(evs))
 	}
 	w.traceID, w.traced = "", nil
-	if h := w.held[slots[0].Tag]; h != nil {
+	if h := w.inFlight[hand[0].Tag]; h != nil {
 		w.traceID = traceID(h.span, h.d.Headers)
 		if h.span != nil {
 			w.traced = trace.ContextWithSpan(context.Background(), h.span)
@@ -49,7 +49,7 @@ func (w *worker) apply(session context.Context, slots []*slot) (outs []event.Out
 	bl := w.lane.(BatchLane)
 	err = w.inSpan(func() (err error) {
 		outs, err = bl.ApplyBatch(w.work, evs)
-		return w.cut(err)
+		return w.whyCancelled(err)
 	}, attribute.Int("messaging.batch.message_count", len(evs)))
 	return outs, err
 }
@@ -94,18 +94,18 @@ func (w *worker) attempt(ev event.Event) (res event.Result, err error) {
 func (w *worker) attemptOnce(ev event.Event) (event.Result, error) {
 	if w.lane != nil {
 		res, err := w.lane.Apply(w.work, ev) // the lane keeps the timeout itself
-		return res, w.cut(err)
+		return res, w.whyCancelled(err)
 	}
 	ctx, cancel := context.WithTimeout(w.work, w.svc.cfg.ApplyTimeout)
 	defer cancel()
 	res, err := w.svc.app.Apply(ctx, ev)
-	return res, w.cut(err)
+	return res, w.whyCancelled(err)
 }
 
 // cut adds to err, when the work in hand was cancelled, why: an attempt
 // that shutdown cut short is classified as such from its own error,
 // whatever the session's state when the error is looked at.
-func (w *worker) cut(err error) error {
+func (w *worker) whyCancelled(err error) error {
 	if err == nil || w.work.Err() == nil {
 		return err
 	}

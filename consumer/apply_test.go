@@ -33,12 +33,12 @@ func TestAnAttemptIsOneSpanWithItsError(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	svc := &Service{cfg: Config{Tracer: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)).Tracer("test")}}
 	w := &worker{svc: svc, lane: &failingLane{}, work: context.Background()}
-	batch := func(n int) []*slot {
-		slots := make([]*slot, n)
-		for i := range slots {
-			slots[i] = &slot{Tag: uint64(i + 1)}
+	batch := func(n int) []*inHand {
+		hand := make([]*inHand, n)
+		for i := range hand {
+			hand[i] = &inHand{Tag: uint64(i + 1)}
 		}
-		return slots
+		return hand
 	}
 	for _, n := range []int{1, 3} {
 		if _, err := w.apply(context.Background(), batch(n)); !errors.Is(err, errEnvironment) {

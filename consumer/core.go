@@ -93,17 +93,17 @@ import (
 //   - The core never returns a message by itself with Nack or Reject: only
 //     a close returns a consumer's messages together, in order.
 
-// fate is what becomes of a delivery in hand.
-type fate int
+// nextStep is what becomes of a delivery in hand.
+type nextStep int
 
 const (
-	fatePending  fate = iota // to apply
-	fateApplying             // in the attempt under way
-	fateAck                  // applied or a duplicate: ack it
-	fateLetter               // its own fault: copy it to the DLQ (or park it), then ack it
-	fateCopied               // its dead-letter copy is confirmed or parked: ack it
-	fateRefused              // its copy was refused: reject it without requeue (the queue dead-letters it)
-	fateReturn               // back to the queue, in order, with everything behind it
+	nextPending  nextStep = iota // to apply
+	nextApplying                 // in the attempt under way
+	nextAck                      // applied or a duplicate: ack it
+	nextLetter                   // its own fault: copy it to the DLQ (or park it), then ack it
+	nextCopied                   // its dead-letter copy is confirmed or parked: ack it
+	nextRefused                  // its copy was refused: reject it without requeue (the queue dead-letters it)
+	nextReturn                   // back to the queue, in order, with everything behind it
 )
 
 // panicLimit is how many times one event alone may panic before it is
@@ -111,21 +111,21 @@ const (
 const panicLimit = 3
 
 // final reports whether f needs nothing more than its settlement.
-func (f fate) final() bool { return f == fateAck || f == fateCopied || f == fateRefused }
+func (f nextStep) final() bool { return f == nextAck || f == nextCopied || f == nextRefused }
 
-// slot is one delivery in hand: what the core knows of it. The worker
+// inHand is one delivery in hand: what the core knows of it. The worker
 // keeps the delivery itself, its span and its start by Tag.
-type slot struct {
+type inHand struct {
 	Tag   uint64
 	Event event.Event // decoded, unless Err says why it could not be
-	Fate  fate
+	Next  nextStep
 	Class event.Class // why it is not simply applied ("" when it was)
 	Err   error
 	// Duplicate and Outbox are what applying it did.
 	Duplicate, Outbox bool
 	Retries           int  // failed attempts of the environment it was part of
 	Panics            int  // attempts of it alone that panicked
-	Park              bool // fateLetter: park it in the database rather than copy it
+	Park              bool // nextLetter: park it in the database rather than copy it
 	// Ticket: the journal ticket its settlement waits for (core.journaling);
 	// 0 when it waits for none.
 	Ticket uint64
@@ -153,12 +153,12 @@ type core struct {
 	// dead letter until something is applied again.
 	blame bool
 
-	slots   []*slot // in hand, in delivery order
-	busy    cmdKind // cmdApply, cmdCopy, cmdPark or cmdWait under way; else cmdNone
-	copying *slot   // the dead letter of the cmdCopy or cmdPark under way
+	hand    []*inHand // in hand, in delivery order
+	busy    cmdKind   // cmdApply, cmdCopy, cmdPark or cmdWait under way; else cmdNone
+	copying *inHand   // the dead letter of the cmdCopy or cmdPark under way
 
 	size     int   // the most events the next attempt takes
-	span     int   // pending slots, from the first, known to hold one that fails alone
+	suspects int   // pending deliveries, from the first, known to hold one that fails alone
 	failures int   // consecutive failures of the environment
 	backoff  bool  // a wait is due before the next attempt
 	lastErr  error // the environment's last failure, while failures > 0
@@ -168,8 +168,8 @@ type core struct {
 	cancelled bool // the broker cancelled the consumer: nothing more is settled
 	late      bool // the shutdown timeout passed: nothing more waits for the journal
 	done      bool
-	closedErr bool    // the channel closed under us: the broker has everything back
-	lost      []*slot // settlements the channel's loss dropped, for cmdDone to report
+	closedErr bool      // the channel closed under us: the broker has everything back
+	lost      []*inHand // settlements the channel's loss dropped, for cmdDone to report
 
 	// journaledTo: the journal holds what was committed up to this ticket
 	// (core_when.go).
@@ -186,9 +186,9 @@ func newCore(cfg coreConfig) *core {
 // before decoding (Size, Refused). It reports whether the delivery is to
 // be decoded: then the shell decodes it and tells decoded, before
 // anything else.
-func (c *core) deliver(s *slot) (decode bool) {
-	s.Fate = fatePending
-	c.slots = append(c.slots, s)
+func (c *core) deliver(s *inHand) (decode bool) {
+	s.Next = nextPending
+	c.hand = append(c.hand, s)
 	switch {
 	case s.Refused != nil: // never decoded, never applied
 		c.letter(s, s.Refused)
@@ -203,7 +203,7 @@ func (c *core) deliver(s *slot) (decode bool) {
 
 // decoded takes the event decoded from s, or why it could not be: poison,
 // or a panic while decoding.
-func (c *core) decoded(s *slot, ev event.Event, err error) {
+func (c *core) decoded(s *inHand, ev event.Event, err error) {
 	s.Event = ev
 	if err != nil {
 		c.letter(s, err)
@@ -212,8 +212,8 @@ func (c *core) decoded(s *slot, ev event.Event, err error) {
 }
 
 // letter makes s a dead letter for err.
-func (c *core) letter(s *slot, err error) {
-	s.Fate, s.Err, s.Class = fateLetter, err, event.ClassOf(context.Background(), err)
+func (c *core) letter(s *inHand, err error) {
+	s.Next, s.Err, s.Class = nextLetter, err, event.ClassOf(context.Background(), err)
 }
 
 // arrived ends the linger once the batch is full.
@@ -227,11 +227,11 @@ func (c *core) arrived() {
 // environment: the queue is blocked.
 func (c *core) retrying() bool { return c.failures > 0 }
 
-// pending returns the slots still to apply, in order.
-func (c *core) pending() []*slot {
-	var out []*slot
-	for _, s := range c.slots {
-		if s.Fate == fatePending {
+// pending returns the deliveries in hand still to apply, in order.
+func (c *core) pending() []*inHand {
+	var out []*inHand
+	for _, s := range c.hand {
+		if s.Next == nextPending {
 			out = append(out, s)
 		}
 	}
@@ -242,9 +242,9 @@ func (c *core) pending() []*slot {
 // event when the transaction committed, else the error (of class) that
 // failed it whole.
 func (c *core) applied(outs []event.Outcome, err error, class event.Class) {
-	var tried []*slot
-	for _, s := range c.slots {
-		if s.Fate == fateApplying {
+	var tried []*inHand
+	for _, s := range c.hand {
+		if s.Next == nextApplying {
 			tried = append(tried, s)
 		}
 	}
@@ -258,45 +258,45 @@ func (c *core) applied(outs []event.Outcome, err error, class event.Class) {
 		for i, s := range tried {
 			o := outs[i]
 			if o.Err != nil { // a producer conflict: that event's own fault
-				s.Fate, s.Err, s.Class = fateLetter, o.Err, event.ClassOf(context.Background(), o.Err)
+				s.Next, s.Err, s.Class = nextLetter, o.Err, event.ClassOf(context.Background(), o.Err)
 				continue
 			}
-			s.Fate, s.Duplicate, s.Outbox = fateAck, o.Duplicate, o.Outbox
+			s.Next, s.Duplicate, s.Outbox = nextAck, o.Duplicate, o.Outbox
 			c.blame = true
 		}
 		c.failures, c.lastErr, c.backoff = 0, nil, false
 		c.size = min(c.max, c.size*2)
-		c.span = max(0, c.span-n)
+		c.suspects = max(0, c.suspects-n)
 		return
 	}
 	for _, s := range tried {
-		s.Fate = fatePending
+		s.Next = nextPending
 	}
 	switch decide(class) {
 	case ActionDeadLetter:
 		if n > 1 {
-			c.span = n // the one to blame is among them: try the first half
+			c.suspects = n // the one to blame is among them: try the first half
 			return
 		}
-		tried[0].Fate, tried[0].Err, tried[0].Class = fateLetter, err, class
-		c.span = 0
+		tried[0].Next, tried[0].Err, tried[0].Class = nextLetter, err, class
+		c.suspects = 0
 		return
 	case ActionRequeue: // the service is stopping: back to the queue, in order
 		for _, s := range tried {
-			s.Fate, s.Err, s.Class = fateReturn, err, class
+			s.Next, s.Err, s.Class = nextReturn, err, class
 		}
 		return
 	}
 	if class == event.ClassPanic {
 		if n > 1 {
-			c.span = n // split, like the message's own fault
+			c.suspects = n // split, like the message's own fault
 			return
 		}
 		s := tried[0]
 		s.Panics++
 		if s.Panics >= panicLimit && c.blame {
-			s.Fate, s.Err, s.Class = fateLetter, err, class
-			c.blame, c.span = false, 0
+			s.Next, s.Err, s.Class = nextLetter, err, class
+			c.blame, c.suspects = false, 0
 			return
 		}
 	}
@@ -317,7 +317,7 @@ func (c *core) copied(f copyFact, err error) {
 	c.busy = cmdNone
 	s := c.copying
 	c.copying = nil
-	if s == nil || s.Fate != fateLetter {
+	if s == nil || s.Next != nextLetter {
 		return
 	}
 	if f == factAnswered { // the publish an alarm cut short
@@ -329,25 +329,25 @@ func (c *core) copied(f copyFact, err error) {
 	}
 	switch f {
 	case factConfirmed, factParked:
-		s.Fate, s.Park = fateCopied, false
+		s.Next, s.Park = nextCopied, false
 		c.failures, c.lastErr, c.backoff = 0, nil, false
 	case factRefused:
-		s.Fate = fateRefused // the queue dead-letters it
+		s.Next = nextRefused // the queue dead-letters it
 	case factAlarm:
 		if c.ending {
-			s.Fate = fateReturn // nothing new is done once the session ends
+			s.Next = nextReturn // nothing new is done once the session ends
 		} else {
 			s.Park = true
 		}
 	case factEnded:
-		s.Fate = fateReturn
+		s.Next = nextReturn
 	case factParkFailed:
 		s.Park = false // the alarm may have passed by the next attempt
 		c.failures++
 		c.lastErr = err
 		c.backoff = true
 	}
-	if s.Class == event.ClassPanic && s.Fate.final() {
+	if s.Class == event.ClassPanic && s.Next.final() {
 		c.blame = false // a panic's letter: until something is applied again, a panic is not the message's
 	}
 }

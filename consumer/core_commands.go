@@ -11,9 +11,9 @@ type cmdKind int
 
 const (
 	cmdNone   cmdKind = iota // nothing to do until something happens (journal ticket Await, if any, is journaled)
-	cmdApply                 // apply Slots' events in one transaction, once; then applied
-	cmdCopy                  // publish the dead-letter copy of Slots[0] and await its confirm; then copied
-	cmdPark                  // park the dead letter of Slots[0] in the database; then copied
+	cmdApply                 // apply the events of Hand in one transaction, once; then applied
+	cmdCopy                  // publish the dead-letter copy of Hand[0] and await its confirm; then copied
+	cmdPark                  // park the dead letter of Hand[0] in the database; then copied
 	cmdWait                  // wait the backoff of retry Attempt (or the batch linger); then tick
 	cmdAck                   // ack Tag, Multiple: it settles Settled
 	cmdReject                // reject Tag without requeue (the queue dead-letters it): it settles Settled
@@ -28,7 +28,7 @@ func (k cmdKind) String() string { return cmdNames[k] }
 // command is what the worker is to do next.
 type command struct {
 	Kind     cmdKind
-	Slots    []*slot // cmdApply, cmdCopy, cmdPark
+	Hand     []*inHand // cmdApply, cmdCopy, cmdPark
 	Settled  []settlement
 	Tag      uint64
 	Multiple bool
@@ -39,7 +39,7 @@ type command struct {
 	Force bool
 	// Blocked (cmdWait of a retry): the delivery the queue is held on,
 	// and the environment's last failure.
-	Blocked *slot
+	Blocked *inHand
 	Err     error
 	// Await (cmdNone, cmdWait): the journal ticket whose confirm the
 	// settlements in hand wait for (then journaled); 0: none.
@@ -48,7 +48,7 @@ type command struct {
 
 // settlement is the decision about one delivery that a command settles.
 type settlement struct {
-	Slot   *slot
+	Slot   *inHand
 	Action Action
 	Class  event.Class // "" when acked after its commit
 	Err    error       // why it is not simply acked; nil when it is

@@ -16,9 +16,9 @@ func (c *core) next() command {
 	}
 	// r: the first delivery that goes back; everything behind it goes
 	// back with it, and only what is before it is worked on.
-	r := len(c.slots)
-	for i, s := range c.slots {
-		if c.cancelled || s.Fate == fateReturn || (c.ending && !s.Fate.final()) {
+	r := len(c.hand)
+	for i, s := range c.hand {
+		if c.cancelled || s.Next == nextReturn || (c.ending && !s.Next.final()) {
 			r = i
 			break
 		}
@@ -29,12 +29,12 @@ func (c *core) next() command {
 	if c.busy != cmdNone {
 		return command{Await: c.awaiting()} // a wait under way: the journal may let a settlement go meanwhile
 	}
-	head := c.slots[:r]
-	if cmd, ok := c.work(head, r == len(c.slots)); ok {
+	head := c.hand[:r]
+	if cmd, ok := c.work(head, r == len(c.hand)); ok {
 		return cmd
 	}
 	switch {
-	case r == 0 && len(c.slots) > 0:
+	case r == 0 && len(c.hand) > 0:
 		return c.giveBack()
 	case c.awaiting() != 0:
 		// Settlements wait for the journal: once the session ended, the
@@ -51,21 +51,21 @@ func (c *core) next() command {
 	return command{}
 }
 
-// work returns the next command for head, the slots before any that goes
+// work returns the next command for head, the deliveries before any that goes
 // back: copy or park a dead letter, wait a backoff, or apply what is
 // pending (after the linger, when all has arrived and more may come).
-func (c *core) work(head []*slot, mayLinger bool) (command, bool) {
+func (c *core) work(head []*inHand, mayLinger bool) (command, bool) {
 	if c.ending {
 		return command{}, false
 	}
-	var pending []*slot
-	var letter, first *slot
-slots:
+	var pending []*inHand
+	var letter, first *inHand
+hand:
 	for _, s := range head {
-		switch s.Fate {
-		case fatePending:
+		switch s.Next {
+		case nextPending:
 			pending = append(pending, s)
-		case fateLetter:
+		case nextLetter:
 			// A panic's letter waits for the deliveries pending before
 			// it: one of them may take the blame first (core.applied).
 			if letter == nil && (s.Class != event.ClassPanic || len(pending) == 0) {
@@ -77,12 +77,12 @@ slots:
 		if first == nil {
 			first = s
 		}
-		if s.Fate == fateLetter && s.Class == event.ClassPanic {
+		if s.Next == nextLetter && s.Class == event.ClassPanic {
 			// What is behind a panic's letter waits until it is settled:
 			// unlike the message's other faults, a panic may not come
 			// again, and a letter held, or returned before its copy, is
 			// applied the next time, after anything applied behind it.
-			break slots
+			break hand
 		}
 	}
 	if first == nil {
@@ -107,72 +107,72 @@ slots:
 		}
 		c.busy, c.copying = kind, letter
 		// Without a parker, the copy waits for any alarm to pass.
-		return command{Kind: kind, Slots: []*slot{letter}, Force: !c.canPark}, true
+		return command{Kind: kind, Hand: []*inHand{letter}, Force: !c.canPark}, true
 	}
 	n := min(c.max, c.size, len(pending))
-	if c.span > 0 {
-		n = min(n, max(1, c.span/2))
+	if c.suspects > 0 {
+		n = min(n, max(1, c.suspects/2))
 	}
-	if mayLinger && c.linger && !c.lingered && c.span == 0 && c.failures == 0 && len(pending) < c.max {
+	if mayLinger && c.linger && !c.lingered && c.suspects == 0 && c.failures == 0 && len(pending) < c.max {
 		c.busy = cmdWait
 		return command{Kind: cmdWait, Linger: true, Await: c.awaiting()}, true
 	}
 	c.lingered = false
 	for _, s := range pending[:n] {
-		s.Fate = fateApplying
+		s.Next = nextApplying
 	}
 	c.busy = cmdApply
-	return command{Kind: cmdApply, Slots: pending[:n]}, true
+	return command{Kind: cmdApply, Hand: pending[:n]}, true
 }
 
-// settle returns the command that settles the final slots among the first
+// settle returns the command that settles the final deliveries among the first
 // upto, if any: the reject of a refused one first, so that no multiple ack
 // covers it; then one ack, multiple when it covers several, naming the
-// last of them. It settles only a run of final slots from the first, each
+// last of them. It settles only a run of final deliveries from the first, each
 // held by the journal (core_when.go): none passes one that waits for it.
 func (c *core) settle(upto int) (command, bool) {
 	k := 0
-	for k < upto && c.slots[k].Fate.final() && c.held(c.slots[k]) {
+	for k < upto && c.hand[k].Next.final() && c.journalHolds(c.hand[k]) {
 		k++
 	}
 	if k == 0 {
 		return command{}, false
 	}
-	for i, s := range c.slots[:k] {
-		if s.Fate == fateRefused {
-			c.slots = append(c.slots[:i:i], c.slots[i+1:]...)
+	for i, s := range c.hand[:k] {
+		if s.Next == nextRefused {
+			c.hand = append(c.hand[:i:i], c.hand[i+1:]...)
 			return command{Kind: cmdReject, Tag: s.Tag, Settled: settlements(s)}, true
 		}
 	}
-	settled := c.slots[:k:k]
-	c.slots = c.slots[k:]
+	settled := c.hand[:k:k]
+	c.hand = c.hand[k:]
 	last := settled[k-1]
 	return command{Kind: cmdAck, Tag: last.Tag, Multiple: k > 1, Settled: settlements(settled...)}, true
 }
 
-// giveBack returns every slot in hand by closing the channel, which
+// giveBack returns every delivery in hand by closing the channel, which
 // returns them together, in order, before the queue's next consumer gets
 // anything; the worker then ends.
 func (c *core) giveBack() command {
-	for _, s := range c.slots {
-		s.Fate = fateReturn
+	for _, s := range c.hand {
+		s.Next = nextReturn
 	}
-	cmd := command{Kind: cmdClose, Settled: settlements(c.slots...)}
-	c.slots, c.done = nil, true
+	cmd := command{Kind: cmdClose, Settled: settlements(c.hand...)}
+	c.hand, c.done = nil, true
 	return cmd
 }
 
-// settlements returns the decision about each of slots, final or returned.
-func settlements(slots ...*slot) []settlement {
-	out := make([]settlement, len(slots))
-	for i, s := range slots {
+// settlements returns the decision about each delivery of hand, final or returned.
+func settlements(hand ...*inHand) []settlement {
+	out := make([]settlement, len(hand))
+	for i, s := range hand {
 		d := settlement{Slot: s}
-		switch s.Fate {
-		case fateAck:
+		switch s.Next {
+		case nextAck:
 			d.Action = ActionAck
-		case fateCopied, fateRefused:
+		case nextCopied, nextRefused:
 			d.Action, d.Class, d.Err = ActionDeadLetter, s.Class, s.Err
-		default: // fateReturn
+		default: // nextReturn
 			d.Action, d.Class, d.Err = ActionRequeue, s.Class, s.Err
 			if d.Class == "" {
 				d.Class = event.ClassShutdown // returned unapplied, not for its own fault

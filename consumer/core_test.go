@@ -20,7 +20,7 @@ func drive(c *core, result func(tags []uint64) ([]event.Outcome, error, event.Cl
 	for i := 0; i < 100; i++ {
 		cmd := c.next()
 		var tags []uint64
-		for _, s := range cmd.Slots {
+		for _, s := range cmd.Hand {
 			tags = append(tags, s.Tag)
 		}
 		for _, st := range cmd.Settled {
@@ -54,7 +54,7 @@ func drive(c *core, result func(tags []uint64) ([]event.Outcome, error, event.Cl
 
 func deliverN(c *core, n int, bad ...uint64) {
 	for tag := uint64(1); tag <= uint64(n); tag++ {
-		s := &slot{Tag: tag}
+		s := &inHand{Tag: tag}
 		ev, err := event.Event{ID: fmt.Sprint(tag)}, error(nil)
 		for _, b := range bad {
 			if b == tag {
@@ -164,7 +164,7 @@ func TestCoreRejectsARefusedCopyBeforeTheAck(t *testing.T) {
 		case cmdCopy:
 			c.copied(factRefused, errors.New("nacked"))
 		case cmdApply:
-			c.applied(make([]event.Outcome, len(cmd.Slots)), nil, "")
+			c.applied(make([]event.Outcome, len(cmd.Hand)), nil, "")
 		case cmdAck:
 			if cmd.Tag != 3 || !cmd.Multiple {
 				t.Errorf("ack %d multiple=%v, want 3 multiple", cmd.Tag, cmd.Multiple)
@@ -207,7 +207,7 @@ func TestCoreCopyFacts(t *testing.T) {
 			for i := 0; i < 20; i++ {
 				cmd := c.next()
 				line := cmd.Kind.String()
-				for _, s := range cmd.Slots {
+				for _, s := range cmd.Hand {
 					line += fmt.Sprintf(" [%d]", s.Tag)
 				}
 				for _, st := range cmd.Settled {
@@ -263,7 +263,7 @@ func TestCoreAppliesNothingBehindAPanicsLetter(t *testing.T) {
 	panicked := event.Panicked(errors.New("panic: boom"))
 	deliver := func(c *core, panics ...bool) {
 		for i, p := range panics {
-			s := &slot{Tag: uint64(i + 1)}
+			s := &inHand{Tag: uint64(i + 1)}
 			if c.deliver(s) {
 				var err error
 				if p {
@@ -296,7 +296,7 @@ func TestCoreAppliesNothingBehindAPanicsLetter(t *testing.T) {
 // show is a command as the journal's tests read it.
 func show(cmd command) string {
 	line := cmd.Kind.String()
-	for _, s := range cmd.Slots {
+	for _, s := range cmd.Hand {
 		line += fmt.Sprintf(" [%d]", s.Tag)
 	}
 	if cmd.Kind == cmdAck {

@@ -25,8 +25,8 @@ import (
 func (c *core) journaling(ticket uint64) {
 	switch c.busy {
 	case cmdApply:
-		for _, s := range c.slots {
-			if s.Fate == fateApplying {
+		for _, s := range c.hand {
+			if s.Next == nextApplying {
 				s.Ticket = ticket
 			}
 		}
@@ -41,16 +41,16 @@ func (c *core) journaling(ticket uint64) {
 func (c *core) journaled(ticket uint64) { c.journaledTo = max(c.journaledTo, ticket) }
 
 // held reports whether the journal holds what s's settlement waits for.
-func (c *core) held(s *slot) bool { return s.Ticket <= c.journaledTo }
+func (c *core) journalHolds(s *inHand) bool { return s.Ticket <= c.journaledTo }
 
 // awaiting returns the ticket the first delivery in hand waits for when
 // it is final and the journal does not hold it yet: nothing is settled
 // until then. Else 0.
 func (c *core) awaiting() uint64 {
-	if len(c.slots) == 0 || c.late || c.cancelled {
+	if len(c.hand) == 0 || c.late || c.cancelled {
 		return 0
 	}
-	if s := c.slots[0]; s.Fate.final() && !c.held(s) {
+	if s := c.hand[0]; s.Next.final() && !c.journalHolds(s) {
 		return s.Ticket
 	}
 	return 0
@@ -105,7 +105,7 @@ func (c *core) lose(why string) {
 	c.closedErr = true
 	c.ending = true
 	c.busy = cmdNone
-	c.slots = nil
+	c.hand = nil
 }
 
 // drop gives up the settlements that wait for the journal, from the first
@@ -113,21 +113,21 @@ func (c *core) lose(why string) {
 // they go back to the queue, by the close, in order, for why; and it
 // returns them. What had committed comes back as a duplicate, which the
 // inbox drops and the journal takes again.
-func (c *core) drop(why string) []*slot {
-	var out []*slot
+func (c *core) drop(why string) []*inHand {
+	var out []*inHand
 	waiting := false
-	for _, s := range c.slots {
-		if !s.Fate.final() {
+	for _, s := range c.hand {
+		if !s.Next.final() {
 			break
 		}
-		if waiting = waiting || !c.held(s); !waiting {
+		if waiting = waiting || !c.journalHolds(s); !waiting {
 			continue
 		}
 		action := ActionAck
-		if s.Fate != fateAck {
+		if s.Next != nextAck {
 			action = ActionDeadLetter
 		}
-		s.Fate, s.Class = fateReturn, event.ClassShutdown
+		s.Next, s.Class = nextReturn, event.ClassShutdown
 		s.Err = fmt.Errorf("%s before its settlement (%s) could be sent: it goes back to the queue; "+
 			"committed, it comes back as a duplicate", why, action)
 		out = append(out, s)

@@ -27,16 +27,16 @@ func (l *amqpLoop) stop() {
 	}
 }
 
-func (l *amqpLoop) next(ended, journaled <-chan struct{}) happening {
+func (l *amqpLoop) next(ended, journaled <-chan struct{}) loopEvent {
 	select {
 	case <-journaled:
-		return happening{Kind: hJournaled}
+		return loopEvent{Kind: hJournaled}
 	case d, ok := <-l.deliveries:
 		if ok {
-			return happening{Kind: hDelivery, D: d}
+			return loopEvent{Kind: hDelivery, D: d}
 		}
 		l.deliveries = nil
-		h := happening{Kind: hGone}
+		h := loopEvent{Kind: hNoDeliveries}
 		select { // the reason, when the channel closed with one
 		case h.Reason = <-l.closed:
 			l.closed = nil
@@ -45,12 +45,12 @@ func (l *amqpLoop) next(ended, journaled <-chan struct{}) happening {
 		return h
 	case <-l.timerC:
 		l.timerC = nil
-		return happening{Kind: hTimer}
+		return loopEvent{Kind: hTimer}
 	case <-ended:
-		return happening{Kind: hEnded}
+		return loopEvent{Kind: hEnded}
 	case e := <-l.closed:
 		l.closed = nil
-		return happening{Kind: hClosed, Reason: e}
+		return loopEvent{Kind: hChannelClosed, Reason: e}
 	}
 }
 

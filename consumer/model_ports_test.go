@@ -24,7 +24,7 @@ import (
 // models answer. The loop runs on a goroutine of its own, but never at the
 // same time as the schedule: it stops at each port it calls (before the
 // call) and wherever it waits for what happens next, and goes on only when
-// the schedule resumes it, with the happening the schedule chose. So one
+// the schedule resumes it, with the loopEvent the schedule chose. So one
 // seed is one interleaving, and the schedule can do anything the
 // environment does between any two of the worker's calls.
 type replica struct {
@@ -75,14 +75,14 @@ type stop struct {
 type stopKind int
 
 const (
-	stopNext stopKind = iota // in loopPort.next, waiting for a happening
+	stopNext stopKind = iota // in loopPort.next, waiting for a loopEvent
 	stopCall                 // about to call a port
 	stopExit                 // run returned, or the goroutine was ended
 )
 
 // resumption is what the schedule resumes a worker with.
 type resumption struct {
-	h    happening
+	h    loopEvent
 	kill bool // the process is gone: the goroutine ends
 }
 
@@ -226,7 +226,7 @@ func (s *sim) wait(rp *replica) {
 }
 
 // pause stops the worker at st until the schedule resumes it.
-func (rp *replica) pause(st stop) happening {
+func (rp *replica) pause(st stop) loopEvent {
 	rp.yield <- st
 	r := <-rp.resume
 	if r.kill {
@@ -283,31 +283,31 @@ func (s *sim) stopReplica(rp *replica) {
 
 // ready returns what could happen next to rp's worker waiting in its
 // loop, as its select would see it: each ready case once.
-func (s *sim) ready(rp *replica) []happening {
+func (s *sim) ready(rp *replica) []loopEvent {
 	c := rp.cons
 	for len(c.buffer) > 0 && c.held[c.buffer[0]] == nil {
 		c.buffer = c.buffer[1:] // returned by a consumer timeout (4.3) before the worker took it
 	}
-	var hs []happening
+	var hs []loopEvent
 	if len(c.buffer) > 0 {
-		hs = append(hs, happening{Kind: hDelivery}) // the next in the buffer, made once chosen
+		hs = append(hs, loopEvent{Kind: hDelivery}) // the next in the buffer, made once chosen
 	}
 	if rp.channelGone {
 		reason := &amqp.Error{Code: 406, Reason: "PRECONDITION_FAILED - delivery acknowledgement timed out"}
-		hs = append(hs, happening{Kind: hClosed, Reason: reason}, happening{Kind: hGone, Reason: reason},
-			happening{Kind: hGone}) // the reason may not have come yet
+		hs = append(hs, loopEvent{Kind: hChannelClosed, Reason: reason}, loopEvent{Kind: hNoDeliveries, Reason: reason},
+			loopEvent{Kind: hNoDeliveries}) // the reason may not have come yet
 	}
 	if rp.cancelNotice {
-		hs = append(hs, happening{Kind: hGone})
+		hs = append(hs, loopEvent{Kind: hNoDeliveries})
 	}
 	if rp.armed {
-		hs = append(hs, happening{Kind: hTimer})
+		hs = append(hs, loopEvent{Kind: hTimer})
 	}
 	if closed(rp.at.ended) { // the session's end, or, once told, the work's (SHUTDOWN_TIMEOUT)
-		hs = append(hs, happening{Kind: hEnded})
+		hs = append(hs, loopEvent{Kind: hEnded})
 	}
 	if closed(rp.at.journaled) {
-		hs = append(hs, happening{Kind: hJournaled})
+		hs = append(hs, loopEvent{Kind: hJournaled})
 	}
 	return hs
 }
@@ -318,7 +318,7 @@ func (s *sim) step(rp *replica) bool {
 	if !rp.running {
 		return false
 	}
-	var h happening
+	var h loopEvent
 	switch rp.at.kind {
 	case stopCall:
 		s.logf("r%d: %s", rp.id, rp.at.call)
@@ -339,7 +339,7 @@ func (s *sim) step(rp *replica) bool {
 			c.buffer = c.buffer[1:]
 			h.D = s.delivery(c.held[tag], tag, c.keys[tag])
 			s.logf("r%d takes %d (tag %d)", rp.id, c.held[tag].seq, tag)
-		case hClosed, hGone:
+		case hChannelClosed, hNoDeliveries:
 			if rp.channelGone {
 				rp.channelGone = false
 				s.logf("r%d is told its channel closed (%v, reason %v)", rp.id, h.Kind, h.Reason != nil)
@@ -374,7 +374,7 @@ type mloop struct {
 func (l *mloop) arm(time.Duration) { l.rp.armed = true }
 func (l *mloop) stop()             { l.rp.armed = false }
 
-func (l *mloop) next(ended, journaled <-chan struct{}) happening {
+func (l *mloop) next(ended, journaled <-chan struct{}) loopEvent {
 	return l.rp.pause(stop{kind: stopNext, ended: ended, journaled: journaled})
 }
 

@@ -47,22 +47,22 @@ type alarmCut struct{ answer <-chan error }
 func (*alarmCut) Error() string        { return errAlarmCut.Error() }
 func (*alarmCut) Is(target error) bool { return target == errAlarmCut }
 
-// happening is what the worker's loop waits for (loopPort.next).
-type happening struct {
-	Kind   happeningKind
+// loopEvent is what the worker's loop waits for (loopPort.next).
+type loopEvent struct {
+	Kind   loopEventKind
 	D      amqp.Delivery // hDelivery
-	Reason *amqp.Error   // hGone, hClosed: the broker's reason for closing the channel, when known
+	Reason *amqp.Error   // hNoDeliveries, hChannelClosed: the broker's reason for closing the channel, when known
 }
 
-type happeningKind int
+type loopEventKind int
 
 const (
-	hDelivery  happeningKind = iota // a delivery arrived
-	hGone                           // no more deliveries: the channel closed, or the broker cancelled the consumer
-	hTimer                          // the timer armed last is due
-	hEnded                          // the session ended
-	hClosed                         // the channel's close notification
-	hJournaled                      // the journal ticket the core awaits is held (its channel is closed)
+	hDelivery      loopEventKind = iota // a delivery arrived
+	hNoDeliveries                       // no more deliveries: the channel closed, or the broker cancelled the consumer
+	hTimer                              // the timer armed last is due
+	hEnded                              // the session ended
+	hChannelClosed                      // the channel's close notification
+	hJournaled                          // the journal ticket the core awaits is held (its channel is closed)
 )
 
 // loopPort is where the worker's loop waits: *amqpLoop, which selects on
@@ -72,11 +72,11 @@ const (
 type loopPort interface {
 	// arm arms the timer to be due after d, in place of one armed before.
 	arm(d time.Duration)
-	// next waits for the next happening; the session's end (or, once it
+	// next waits for the next loopEvent; the session's end (or, once it
 	// was told, the shutdown timeout's) is one when ended is closed, and
 	// the journal's confirm of the ticket the core awaits one when
 	// journaled is (nil: not watched).
-	next(ended, journaled <-chan struct{}) happening
+	next(ended, journaled <-chan struct{}) loopEvent
 	// arrived returns a delivery that has arrived already, without
 	// waiting: the worker gathers a batch with it.
 	arrived() (amqp.Delivery, bool)

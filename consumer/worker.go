@@ -19,24 +19,24 @@ import (
 // ports (ports.go). Channels are not safe for concurrent use, so nothing
 // else touches ch.
 type worker struct {
-	svc        *Service
-	index      int
-	queue, tag string
-	conn       *amqp.Connection
-	ch         channelPort
-	loop       loopPort
-	session    context.Context // ends with the broker session: nothing new is applied (Run, service.go)
-	told       bool            // the core was told that the session ended
-	work       context.Context // outlives session, to ShutdownTimeout past shutdown (Run, service.go)
-	late       bool            // the core was told that work ended
-	lane       event.Lane      // when the applier has lanes; else each attempt gets a timeout context
-	letters    letterPort      // where dead-letter copies go out
-	parker     Parker          // where a dead letter waits out a broker alarm; nil when the applier cannot
-	decoder    decoder         // event.Decode, unless a test says otherwise
-	now        clock
-	core       *core
-	held       map[uint64]*delivery // by tag: what the core holds no handle to
-	failed     error                // why the channel failed or the consumer was cancelled
+	svc            *Service
+	index          int
+	queue, tag     string
+	conn           *amqp.Connection
+	ch             channelPort
+	loop           loopPort
+	session        context.Context // ends with the broker session: nothing new is applied (Run, service.go)
+	sessionEndTold bool            // the core was told that the session ended
+	work           context.Context // outlives session, to ShutdownTimeout past shutdown (Run, service.go)
+	workEndTold    bool            // the core was told that work ended
+	lane           event.Lane      // when the applier has lanes; else each attempt gets a timeout context
+	letters        letterPort      // where dead-letter copies go out
+	parker         Parker          // where a dead letter waits out a broker alarm; nil when the applier cannot
+	decoder        decoder         // event.Decode, unless a test says otherwise
+	now            clock
+	core           *core
+	inFlight       map[uint64]*delivery // by tag: what the core holds no handle to
+	failed         error                // why the channel failed or the consumer was cancelled
 	// traced is the first delivery of the attempt under way's span
 	// context, when tracing is on; traceID its trace, for log lines.
 	traced  context.Context
@@ -78,9 +78,9 @@ func (w *worker) run(session context.Context) error {
 		}
 		var ended <-chan struct{}
 		switch {
-		case !w.told:
+		case !w.sessionEndTold:
 			ended = session.Done()
-		case !w.late:
+		case !w.workEndTold:
 			ended = w.work.Done() // the shutdown timeout: the core stops waiting for the journal
 		}
 		h := w.loop.next(ended, w.tickets[w.await])
@@ -90,7 +90,7 @@ func (w *worker) run(session context.Context) error {
 		case hDelivery:
 			w.take(h.D)
 			w.gather()
-		case hGone:
+		case hNoDeliveries:
 			// The channel closed, or the broker cancelled the consumer (a
 			// consumer timeout on 4.3, a deleted queue).
 			if h.Reason != nil || w.ch.IsClosed() {
@@ -101,12 +101,12 @@ func (w *worker) run(session context.Context) error {
 		case hTimer:
 			w.core.tick()
 		case hEnded:
-			if !w.told {
+			if !w.sessionEndTold {
 				w.ended()
 			} else {
 				w.expired()
 			}
-		case hClosed:
+		case hChannelClosed:
 			w.channelClosed(h.Reason)
 		}
 	}
@@ -119,10 +119,10 @@ func (w *worker) run(session context.Context) error {
 // does the shutdown timeout's end.
 func (w *worker) advance() (time.Duration, stepState) {
 	for {
-		if !w.told && w.session.Err() != nil {
+		if !w.sessionEndTold && w.session.Err() != nil {
 			w.ended()
 		}
-		if w.told && !w.late && w.work.Err() != nil {
+		if w.sessionEndTold && !w.workEndTold && w.work.Err() != nil {
 			w.expired()
 		}
 		if delay, state, ran := w.step(); !ran {
@@ -160,14 +160,14 @@ func (w *worker) step() (delay time.Duration, state stepState, ran bool) {
 
 // ended: the session ended; the core is told once.
 func (w *worker) ended() {
-	w.told = true
+	w.sessionEndTold = true
 	w.core.end()
 }
 
 // expired: the work's context ended (SHUTDOWN_TIMEOUT past shutdown); the
 // core is told once.
 func (w *worker) expired() {
-	w.late = true
+	w.workEndTold = true
 	w.core.expired()
 }
 
@@ -216,11 +216,11 @@ func (w *worker) take(d amqp.Delivery) {
 	if t := w.svc.cfg.Tracer; t != nil {
 		_, h.span = w.startDelivery(t, d)
 	}
-	if w.held == nil {
-		w.held = map[uint64]*delivery{}
+	if w.inFlight == nil {
+		w.inFlight = map[uint64]*delivery{}
 	}
-	w.held[d.DeliveryTag] = h
-	s := &slot{Tag: d.DeliveryTag, Size: len(d.Body), Refused: refused}
+	w.inFlight[d.DeliveryTag] = h
+	s := &inHand{Tag: d.DeliveryTag, Size: len(d.Body), Refused: refused}
 	if w.core.deliver(s) {
 		ev, err := w.decode(d)
 		w.core.decoded(s, ev, err)
@@ -253,16 +253,16 @@ func (w *worker) decode(d amqp.Delivery) (ev event.Event, err error) {
 func (w *worker) exec(cmd command) error {
 	switch cmd.Kind {
 	case cmdApply:
-		outs, err := w.apply(w.session, cmd.Slots)
+		outs, err := w.apply(w.session, cmd.Hand)
 		w.awaitJournal() // a producer conflict's commit, too
 		w.core.applied(outs, err, event.ClassOf(w.session, err))
 		w.unblock()
 	case cmdCopy:
-		f, err := w.copy(cmd.Slots[0], cmd.Force)
+		f, err := w.copy(cmd.Hand[0], cmd.Force)
 		w.core.copied(f, err)
 		w.unblock()
 	case cmdPark:
-		f, err := w.park(cmd.Slots[0])
+		f, err := w.park(cmd.Hand[0])
 		w.core.copied(f, err)
 		w.unblock()
 	case cmdAck, cmdReject:
@@ -325,7 +325,7 @@ func (w *worker) open(prefetch int) error {
 	return nil
 }
 
-// kickOutbox has the outbox drained when a commit among slots left a dead
+// kickOutbox has the outbox drained when a commit among the deliveries hand left a dead
 // letter behind (a transition that waited for this creation contradicts
 // it). The drain runs on its own: no worker waits on its confirms.
 func (w *worker) kickOutbox(settled []settlement) {
@@ -344,8 +344,8 @@ func (w *worker) settled(settled []settlement, sendErr error) {
 	for _, st := range settled {
 		s := st.Slot
 		id := w.eventID(s)
-		h := w.held[s.Tag]
-		delete(w.held, s.Tag)
+		h := w.inFlight[s.Tag]
+		delete(w.inFlight, s.Tag)
 		if h == nil {
 			h = &delivery{start: w.now()}
 		}
@@ -378,11 +378,11 @@ func (w *worker) settled(settled []settlement, sendErr error) {
 
 // eventID names s's event: the body's eventId when it could be read, which
 // is authoritative even when it is poison, else the message_id property.
-func (w *worker) eventID(s *slot) string {
+func (w *worker) eventID(s *inHand) string {
 	if s.Event.ID != "" {
 		return s.Event.ID
 	}
-	if h := w.held[s.Tag]; h != nil {
+	if h := w.inFlight[s.Tag]; h != nil {
 		return h.d.MessageId
 	}
 	return ""

@@ -19,8 +19,8 @@ import (
 // (factAlarm too): the publish's answer is kept, and the next copy of s
 // reports it (factAnswered) instead of publishing again, or, while it has
 // not come, factAlarm.
-func (w *worker) copy(s *slot, force bool) (copyFact, error) {
-	h := w.held[s.Tag]
+func (w *worker) copy(s *inHand, force bool) (copyFact, error) {
+	h := w.inFlight[s.Tag]
 	if h.abandoned != nil { // an alarm cut an earlier publish of it short
 		select {
 		case err := <-h.abandoned:
@@ -50,7 +50,7 @@ func (w *worker) copy(s *slot, force bool) (copyFact, error) {
 		return factEnded, err
 	case errors.Is(err, errAlarmCut):
 		if cut, ok := errors.AsType[*alarmCut](err); ok {
-			w.held[s.Tag].abandoned = cut.answer // the parked letter waits for it
+			w.inFlight[s.Tag].abandoned = cut.answer // the parked letter waits for it
 		}
 		return factAlarm, err
 	}
@@ -64,10 +64,10 @@ func (w *worker) copy(s *slot, force bool) (copyFact, error) {
 
 // park writes s's dead letter to the database for the outbox drain to
 // publish once the alarm passes; the core then has the message acked.
-func (w *worker) park(s *slot) (copyFact, error) {
+func (w *worker) park(s *inHand) (copyFact, error) {
 	ctx, cancel := context.WithTimeout(w.work, w.svc.cfg.ApplyTimeout)
 	defer cancel()
-	h := w.held[s.Tag]
+	h := w.inFlight[s.Tag]
 	typ := s.Event.Type
 	if typ == "" {
 		typ = h.d.Type
