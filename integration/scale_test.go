@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lib/pq"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"transferconsumer/consumer"
@@ -39,6 +41,11 @@ func TestHotAccountsNeverDeadlock(t *testing.T) {
 		observe := c.ObserveRetry
 		c.ObserveRetry = func(r consumer.Retry) {
 			if s := r.Err.Error(); strings.Contains(s, "deadlock") || strings.Contains(s, "serializ") {
+				// PostgreSQL's detail names the processes and the locks of
+				// the cycle, and the context the statement it was in.
+				if pe, ok := errors.AsType[*pq.Error](r.Err); ok {
+					s += "; detail: " + pe.Detail + "; where: " + pe.Where
+				}
 				mu.Lock()
 				contention = append(contention, s)
 				mu.Unlock()
@@ -64,7 +71,7 @@ func TestHotAccountsNeverDeadlock(t *testing.T) {
 	svc.rec.mu.Unlock()
 	mu.Lock()
 	if len(contention) > 0 {
-		t.Errorf("%d deadlock or serialization retries, want none: %v", len(contention), contention[0])
+		t.Errorf("%d deadlock or serialization retries, want none: %v", len(contention), strings.Join(contention, "\n"))
 	}
 	mu.Unlock()
 	e.checkLifecycle(events)
