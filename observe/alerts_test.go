@@ -12,8 +12,8 @@ import (
 	"transferconsumer/config"
 )
 
-// The alert rules load, and each fires where its unit test says and only
-// there (promtool, from Debian's prometheus package; TEST_PROMTOOL names
+// The alert rules load, each fires where its unit test says and only
+// there, and prometheus.yml, which loads them, is valid (promtool, from Debian's prometheus package; TEST_PROMTOOL names
 // another). Without promtool this skips, except with CI=true.
 func TestAlertRules(t *testing.T) {
 	promtool := os.Getenv("TEST_PROMTOOL")
@@ -29,6 +29,7 @@ func TestAlertRules(t *testing.T) {
 	for _, args := range [][]string{
 		{"check", "rules", "alerts.yml"},
 		{"test", "rules", "alerts_test.yml"},
+		{"check", "config", "prometheus.yml"}, // the scrape configuration the README gives
 	} {
 		cmd := exec.Command(promtool, args...)
 		cmd.Dir = "../prometheus"
