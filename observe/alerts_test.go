@@ -13,8 +13,9 @@ import (
 )
 
 // The alert rules load, each fires where its unit test says and only
-// there, and prometheus.yml, which loads them, is valid (promtool, from Debian's prometheus package; TEST_PROMTOOL names
-// another). Without promtool this skips, except with CI=true.
+// there, and prometheus.yml, which loads them, is valid (promtool, from
+// Debian's prometheus package; TEST_PROMTOOL names another). Without
+// promtool this skips, except with CI=true.
 func TestAlertRules(t *testing.T) {
 	promtool := os.Getenv("TEST_PROMTOOL")
 	if promtool == "" {
