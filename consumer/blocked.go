@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sort"
 	"time"
@@ -24,7 +25,14 @@ type Blocked struct {
 	Class    event.Class // ClassTransient, ClassUnknown or ClassPanic
 	Reason   string      // the last error
 	Attempts int
+	// Err is the last error itself, for what the metrics name its cause
+	// by (observe); Reason is its words.
+	Err error
 }
+
+// ErrJournalStalled is in Blocked.Err of a queue whose acks wait because
+// the journal's stream does not take its entries (JournalStalled).
+var ErrJournalStalled = errors.New("the journal's stream does not take the queue's entries")
 
 // blocked returns the queues blocked now, by name: by their message in
 // hand, or else by the journal.
@@ -65,7 +73,8 @@ func (s *Service) JournalStalled(queue string, since time.Time, attempts int, ev
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.journalQ[queue] = Blocked{Queue: queue, EventID: eventID, Since: since, Class: event.ClassTransient,
-		Reason: "the journal's stream does not take the queue's entries, so its acks wait: " + err.Error(), Attempts: attempts}
+		Reason: ErrJournalStalled.Error() + ", so its acks wait: " + err.Error(), Attempts: attempts,
+		Err: fmt.Errorf("%w: %w", ErrJournalStalled, err)}
 }
 
 // JournalHealed: the journal's stream takes queue's entries again.
@@ -118,7 +127,7 @@ func (w *worker) reportBlocked(cmd command, delay time.Duration) {
 	if cmd.Blocked != nil {
 		b.EventID = w.eventID(cmd.Blocked)
 	}
-	b.Attempts, b.Class, b.Reason = cmd.Attempt+1, event.ClassOf(context.Background(), err), err.Error()
+	b.Attempts, b.Class, b.Reason, b.Err = cmd.Attempt+1, event.ClassOf(context.Background(), err), err.Error(), err
 	w.svc.setBlocked(*b)
 	logBlocked(w.svc.log, &w.th, *b, delay)
 	if w.svc.cfg.ObserveRetry != nil {

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -146,7 +147,7 @@ func TestDatabaseFaultsBlockTheQueueNeverTheDLQ(t *testing.T) {
 				return false
 			})
 			waitFor(t, 30*time.Second, "retries far past the delivery limit", func() bool {
-				return metricValue(getText(t, base+"/metrics"), "transferconsumer_db_retries_total") >= float64(3*(f.limit+1))
+				return metricSum(getText(t, base+"/metrics"), "transferconsumer_db_retries_total") >= float64(3*(f.limit+1))
 			})
 			t.Logf("during the fault: %v", ready["blocked_queues"])
 			heal()
@@ -259,4 +260,23 @@ func metricValue(text, name string) float64 {
 	}
 	v, _ := strconv.ParseFloat(m[1], 64)
 	return v
+}
+
+// metricSum returns the sum of the series of name, in a Prometheus text
+// exposition, whose labels include each of match (`key="value"`), or -1
+// when there is none.
+func metricSum(text, name string, match ...string) float64 {
+	sum, found := 0.0, false
+	for _, m := range regexp.MustCompile(`(?m)^`+regexp.QuoteMeta(name)+`(?:\{([^}]*)\})? (\S+)$`).FindAllStringSubmatch(text, -1) {
+		labels := "," + m[1] + ","
+		if slices.ContainsFunc(match, func(l string) bool { return !strings.Contains(labels, ","+l+",") }) {
+			continue
+		}
+		v, _ := strconv.ParseFloat(m[2], 64)
+		sum, found = sum+v, true
+	}
+	if !found {
+		return -1
+	}
+	return sum
 }

@@ -91,7 +91,7 @@ func behindPgBouncer(t *testing.T, mode string) {
 	base := proc.httpAddr()
 	waitFor(t, 30*time.Second, "attempts cancelled on the server at APPLY_TIMEOUT", func() bool {
 		return proc.countAnyContaining("err", "canceling statement due to statement timeout") >= 1 &&
-			metricValue(getText(t, base+"/metrics"), "transferconsumer_db_retries_total") >= 3*queues
+			metricSum(getText(t, base+"/metrics"), "transferconsumer_db_retries_total") >= 3*queues
 	})
 	release()
 

@@ -20,9 +20,9 @@ import (
 // producerRow is the README's row of grants for a producer.
 const producerRow = "a producer (a user in `PRODUCERS`)"
 
-// unauthorizedSeries is the counter of unauthorized dead letters, as
-// /metrics writes it.
-const unauthorizedSeries = `transferconsumer_events_total{class="unauthorized",outcome="dead_lettered"}`
+// unauthorizedSeries are the labels of the counters of unauthorized dead
+// letters (one per queue), as /metrics writes them.
+var unauthorizedSeries = []string{`class="unauthorized"`, `outcome="dead_lettered"`}
 
 // publisher is a broker user of the test's vhost that publishes events.
 type publisher struct {
@@ -189,7 +189,7 @@ func TestProducersOnlyListedApply(t *testing.T) {
 		e.appliedNever(tr)
 	}
 	waitFor(t, 10*time.Second, "three unauthorized letters counted", func() bool {
-		return metricValue(getText(t, base+"/metrics"), unauthorizedSeries) == 3
+		return metricSum(getText(t, base+"/metrics"), "transferconsumer_events_total", unauthorizedSeries...) == 3
 	})
 	if err := proc.stop(syscall.SIGTERM, 20*time.Second); err != nil {
 		t.Errorf("exit after SIGTERM: %v", err)

@@ -203,7 +203,7 @@ func TestReadinessFollowsTheDatabase(t *testing.T) {
 		return getJSON(t, base+"/readyz", &body) == 503 && body["database_up"] == false
 	})
 	waitFor(t, 20*time.Second, "retries counted", func() bool {
-		return !strings.Contains(getText(t, base+"/metrics"), "transferconsumer_db_retries_total 0")
+		return metricSum(getText(t, base+"/metrics"), "transferconsumer_db_retries_total") > 0
 	})
 	p.up()
 	waitFor(t, 30*time.Second, "ready again", func() bool { return getJSON(t, base+"/readyz", &body) == 200 })

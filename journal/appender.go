@@ -64,11 +64,12 @@ type appender struct {
 	drainFail int
 }
 
-// outgoing is one transaction's entries, and what is closed once they are
-// held.
+// outgoing is one transaction's entries, what is closed once they are
+// held, and when they were queued.
 type outgoing struct {
 	entries   []Entry
 	journaled chan struct{}
+	queued    time.Time
 }
 
 // writeRetry paces the writes tried again, and the stream's tries for the
@@ -82,7 +83,7 @@ const drainPage = 100
 func (a *appender) add(entries []Entry) <-chan struct{} {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	o := outgoing{entries: entries, journaled: make(chan struct{})}
+	o := outgoing{entries: entries, journaled: make(chan struct{}), queued: time.Now()}
 	a.waiting = append(a.waiting, o)
 	a.last = o.journaled
 	a.start()
@@ -192,6 +193,9 @@ func (a *appender) run(ctx context.Context) {
 		}
 		for _, o := range batch {
 			close(o.journaled)
+			if a.reports.Held != nil {
+				a.reports.Held(a.queue, time.Since(o.queued))
+			}
 		}
 	}
 }

@@ -156,6 +156,10 @@ type Reports struct {
 	// events, acked, are protected against a failover or a restore only
 	// as far as the database is.
 	Unprotected func(queue string, n int)
+	// Held is told, for each transaction, how long its entries took from
+	// its commit until the stream confirmed them or the database kept
+	// them: how long its acks waited for the journal.
+	Held func(queue string, wait time.Duration)
 }
 
 // Journal writes and reads the stream. It is safe for concurrent use: the

@@ -14,14 +14,15 @@ import (
 )
 
 // Metrics are the service's Prometheus series. Each is fed from one place:
-// the consumer's decision and retry hooks, the prune job, or a scrape-time
-// read of the service's state.
+// the consumer's decision and retry hooks, the journal's reports, the
+// prune and reconcile jobs, or a scrape-time read of the service's state
+// (scrape.go).
 type Metrics struct {
 	registry   *prometheus.Registry
 	collectors []prometheus.Collector // what registry holds
 	events     *prometheus.CounterVec
 	latency    *prometheus.HistogramVec
-	retries    prometheus.Counter
+	retries    *prometheus.CounterVec
 	batches    prometheus.Histogram
 	conflicts  prometheus.Counter
 	pruned     prometheus.Counter
@@ -31,33 +32,43 @@ type Metrics struct {
 	unprotected *prometheus.GaugeVec
 	kept        prometheus.Counter
 	journalRead prometheus.Counter
+	held        *prometheus.HistogramVec
+	stalls      *prometheus.CounterVec
 	reconcile   reconcileGauges // reconcile.go
 
-	// The series of the two common outcomes, resolved once rather than
-	// looked up by label for every event.
+	// Each partition queue's series of the common outcomes, resolved once
+	// rather than looked up by label for every event; read only after
+	// NewMetrics.
+	queues map[string]*queueSeries
+}
+
+// queueSeries are one queue's series that every event or transaction
+// touches.
+type queueSeries struct {
 	applied, duplicate               prometheus.Counter
 	appliedLatency, duplicateLatency prometheus.Observer
+	held                             prometheus.Observer // with the journal
 }
 
 // NewMetrics returns the series, registered: those fed by the hooks below,
-// and those read at scrape time from h and from two settings of cfg.
+// and those read at scrape time from h and from cfg's settings.
 func NewMetrics(h *Health, cfg config.Config) *Metrics {
 	const ns = "transferconsumer"
 	m := &Metrics{
 		registry: prometheus.NewRegistry(),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "events_total",
-			Help: "Deliveries by outcome (applied, duplicate, dead_lettered, requeued) and failure class.",
-		}, []string{"outcome", "class"}),
+			Help: "Deliveries by queue, outcome (applied, duplicate, dead_lettered, requeued) and failure class.",
+		}, []string{"queue", "outcome", "class"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Name: "event_processing_seconds",
-			Help:    "Time from receiving a delivery to acking, dead-lettering or requeueing it, by outcome.",
+			Help:    "Time from receiving a delivery to acking, dead-lettering or requeueing it, by queue and outcome.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
-		}, []string{"outcome"}),
-		retries: prometheus.NewCounter(prometheus.CounterOpts{
+		}, []string{"queue", "outcome"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: ns, Name: "db_retries_total",
-			Help: "In-place retries of transient database failures.",
-		}),
+			Help: "In-place retries of transient failures, by queue and reason (statement-timeout, unavailable, read-only, …).",
+		}, []string{"queue", "reason"}),
 		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: ns, Name: "producer_conflicts_total",
 			Help: "Deliveries whose eventId was applied before with other content; alert on any increase.",
@@ -87,14 +98,31 @@ func NewMetrics(h *Health, cfg config.Config) *Metrics {
 			Namespace: ns, Name: "journal_kept_total",
 			Help: "Journal entries kept in the database because the stream did not take them in time (JOURNAL_KEEP_AFTER, adr/0014).",
 		}),
+		held: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: ns, Name: "journal_hold_seconds",
+			Help:    "Time from a transaction's commit until the journal's stream confirmed its entries, or the database kept them: how long its acks waited for the journal (adr/0014).",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"queue"}),
+		stalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "journal_stalls_total",
+			Help: "Times a queue's acks began to wait because neither the journal's stream nor the database took its entries (adr/0014).",
+		}, []string{"queue"}),
+		queues: map[string]*queueSeries{},
 	}
-	// Series an alert watches exist from the start, at zero.
-	for _, oc := range [][2]string{{"applied", ""}, {"duplicate", ""}, {"requeued", "unknown"},
-		{"dead_lettered", "poison"}, {"dead_lettered", "producer-conflict"}, {"dead_lettered", "invalid-transition"}, {"dead_lettered", "unauthorized"}} {
-		m.events.WithLabelValues(oc[0], oc[1])
+	// Series an alert or a panel watches exist from the start, at zero.
+	for i := 0; i < cfg.QueueCount; i++ {
+		q := cfg.Topology().Queue(i)
+		for _, oc := range [][2]string{{"applied", ""}, {"duplicate", ""}, {"requeued", "unknown"},
+			{"dead_lettered", "poison"}, {"dead_lettered", "producer-conflict"}, {"dead_lettered", "invalid-transition"}, {"dead_lettered", "unauthorized"}} {
+			m.events.WithLabelValues(q, oc[0], oc[1])
+		}
+		m.queues[q] = m.resolve(q)
+		if cfg.JournalStream != "" {
+			m.queues[q].held = m.held.WithLabelValues(q)
+			m.unprotected.WithLabelValues(q)
+			m.stalls.WithLabelValues(q)
+		}
 	}
-	m.applied, m.duplicate = m.events.WithLabelValues("applied", ""), m.events.WithLabelValues("duplicate", "")
-	m.appliedLatency, m.duplicateLatency = m.latency.WithLabelValues("applied"), m.latency.WithLabelValues("duplicate")
 	gauge := func(name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Name: name, Help: help}, f)
 	}
@@ -106,6 +134,7 @@ func NewMetrics(h *Health, cfg config.Config) *Metrics {
 	}
 	m.collectors = []prometheus.Collector{
 		m.events, m.latency, m.retries, m.conflicts, m.pruned, m.restored, m.unprotected, m.kept, m.journalRead, m.batches,
+		m.held, m.stalls,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		// Two settings, so that alert rules compare against the values
@@ -124,11 +153,12 @@ func NewMetrics(h *Health, cfg config.Config) *Metrics {
 			func() float64 { return float64(len(h.state().Unconsumed)) }),
 		gauge("dlq_messages", "Dead letters waiting in the dead-letter queue, as last read (every 10 s); -1 before the first read.",
 			func() float64 { return float64(h.state().DLQDepth) }),
-		blockedSince{h, prometheus.NewDesc(ns+"_queue_blocked_since_seconds",
-			"Unix time since which the queue has retried its message in hand because the environment failed; 0 when it is not blocked.",
-			[]string{"queue"}, nil)},
+		newQueueState(h, ns, cfg.JournalStream != ""),
 		gauge("database_up", "1 when the database answered a ping at scrape time.",
 			func() float64 { return boolean(h.pingDB() == nil) }),
+		gauge("database_synchronous_standby", "1 when the database names a synchronous standby (a failover to it keeps every acked event), 0 when it names none, -1 before it was read.",
+			h.synchronousStandby),
+		newPoolStats(h, ns),
 		gauge("inbox_oldest_row_age_seconds", "Age of the oldest inbox row; retention keeps it near INBOX_TTL.",
 			func() float64 {
 				database := h.database.Load()
@@ -159,28 +189,49 @@ func NewMetrics(h *Health, cfg config.Config) *Metrics {
 	return m
 }
 
+// resolve returns queue's series.
+func (m *Metrics) resolve(queue string) *queueSeries {
+	return &queueSeries{
+		applied: m.events.WithLabelValues(queue, "applied", ""), duplicate: m.events.WithLabelValues(queue, "duplicate", ""),
+		appliedLatency: m.latency.WithLabelValues(queue, "applied"), duplicateLatency: m.latency.WithLabelValues(queue, "duplicate"),
+	}
+}
+
+// series returns queue's series: resolved at start for the partition
+// queues, looked up by label for any other.
+func (m *Metrics) series(queue string) *queueSeries {
+	if s, ok := m.queues[queue]; ok {
+		return s
+	}
+	return m.resolve(queue)
+}
+
 // Decided is the consumer's Observe hook.
 func (m *Metrics) Decided(d consumer.Decision) {
 	switch {
 	case d.Action == consumer.ActionAck && d.Class == "" && !d.Duplicate:
-		m.applied.Inc()
-		m.appliedLatency.Observe(d.Duration.Seconds())
+		s := m.series(d.Queue)
+		s.applied.Inc()
+		s.appliedLatency.Observe(d.Duration.Seconds())
 		return
 	case d.Action == consumer.ActionAck && d.Class == "":
-		m.duplicate.Inc()
-		m.duplicateLatency.Observe(d.Duration.Seconds())
+		s := m.series(d.Queue)
+		s.duplicate.Inc()
+		s.duplicateLatency.Observe(d.Duration.Seconds())
 		return
 	}
 	outcome := d.Outcome()
-	m.events.WithLabelValues(outcome, string(d.Class)).Inc()
-	m.latency.WithLabelValues(outcome).Observe(d.Duration.Seconds())
+	m.events.WithLabelValues(d.Queue, outcome, string(d.Class)).Inc()
+	m.latency.WithLabelValues(d.Queue, outcome).Observe(d.Duration.Seconds())
 	if d.Class == event.ClassConflict {
 		m.conflicts.Inc()
 	}
 }
 
 // Retried is the consumer's ObserveRetry hook.
-func (m *Metrics) Retried(consumer.Retry) { m.retries.Inc() }
+func (m *Metrics) Retried(r consumer.Retry) {
+	m.retries.WithLabelValues(r.Queue, reason(event.ClassOf(context.Background(), r.Err), r.Err)).Inc()
+}
 
 // Batch is the consumer's ObserveBatch hook.
 func (m *Metrics) Batch(n int) { m.batches.Observe(float64(n)) }
@@ -190,6 +241,24 @@ func (m *Metrics) Restored(_ string, n int) { m.restored.Add(float64(n)) }
 
 // JournalRead counts the bytes a read of the journal passed over.
 func (m *Metrics) JournalRead(bytes int) { m.journalRead.Add(float64(bytes)) }
+
+// JournalHeld records how long a transaction's acks waited for the
+// journal.
+func (m *Metrics) JournalHeld(queue string, wait time.Duration) {
+	if s := m.series(queue); s.held != nil {
+		s.held.Observe(wait.Seconds())
+		return
+	}
+	m.held.WithLabelValues(queue).Observe(wait.Seconds())
+}
+
+// JournalStalled counts a stall of queue's journal at its first attempt:
+// the journal's Stalled report comes again at each attempt after.
+func (m *Metrics) JournalStalled(queue string, attempts int) {
+	if attempts == 1 {
+		m.stalls.WithLabelValues(queue).Inc()
+	}
+}
 
 // Unprotected counts a queue's journal entries kept in the database (n >
 // 0), and those the stream then took from there (n < 0).
@@ -202,28 +271,3 @@ func (m *Metrics) Unprotected(queue string, n int) {
 
 // Pruned counts inbox rows removed by retention.
 func (m *Metrics) Pruned(rows int64) { m.pruned.Add(float64(rows)) }
-
-// blockedSince reports, for every partition queue, since when it has been
-// blocked, read from the service's state at scrape time.
-type blockedSince struct {
-	h    *Health
-	desc *prometheus.Desc
-}
-
-func (b blockedSince) Describe(ch chan<- *prometheus.Desc) { ch <- b.desc }
-
-func (b blockedSince) Collect(ch chan<- prometheus.Metric) {
-	svc := b.h.svc.Load()
-	if svc == nil {
-		return
-	}
-	st := svc.State()
-	since := map[string]float64{}
-	for _, q := range st.Blocked {
-		since[q.Queue] = float64(q.Since.UnixMilli()) / 1000
-	}
-	for i := 0; i < st.Queues; i++ {
-		q := svc.Queue(i)
-		ch <- prometheus.MustNewConstMetric(b.desc, prometheus.GaugeValue, since[q], q)
-	}
-}
