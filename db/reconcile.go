@@ -59,6 +59,9 @@ type Reconciliation struct {
 	// checkpoint and the transfers since its cut-off say.
 	Changed      []Changed // in account order, at most Limit
 	ChangedCount int
+	// Recorded: when the oldest finding still reported was first seen,
+	// nil when there is none.
+	OldestFinding *time.Time
 }
 
 // Checkpoint is what a pass made of the checkpoint it found.

@@ -84,6 +84,9 @@ func readFindings(ctx context.Context, tx *sqlx.Tx, limit int, r *Reconciliation
 	}
 	r.Drift, r.Duplicates, r.Waiting = nil, nil, nil
 	r.DriftCount, r.DupCount, r.WaitCount = 0, 0, 0
+	if err := tx.GetContext(ctx, &r.OldestFinding, `SELECT min(first_seen) FROM reconcile_finding`); err != nil {
+		return translateIn("read the findings", err)
+	}
 	for _, row := range rows {
 		seen := row.FirstSeen
 		var err error
@@ -144,6 +147,14 @@ func ClaimFull(ctx context.Context, primary *sqlx.DB, every, bound time.Duration
 		return false, fmt.Errorf("reconcile: commit: %w", translate(err))
 	}
 	return len(claimed) > 0, nil
+}
+
+// ReleaseFull gives up this replica's claim of the full pass (ClaimFull),
+// after a pass that failed, so that the next tick of any replica tries
+// again.
+func ReleaseFull(ctx context.Context, primary *sqlx.DB) error {
+	_, err := primary.ExecContext(ctx, `UPDATE reconcile_checkpoint SET full_claimed_until = NULL`)
+	return translateIn("release the full pass", err)
 }
 
 // RecordFull writes down on primary what the full pass r, read on a
