@@ -29,21 +29,22 @@ const movedSQL = `
 // pg_snapshot) does not see, whose ids are at least its xmin (%[2]s, as a
 // number). created says which: a row created after the cut-off is one
 // (whatever happened to it since); a failure after it, of a transfer
-// created before, is the other. Both columns are found by their BRIN
-// indexes: only the page ranges written since the cut-off are read. A
-// transfer made before migration 0016 has no created_xid, and is in every
-// checkpoint.
+// created before, is the other (its row in transfer_failure holds what
+// the pass needs of the transfer, so that the transfer's own row, anywhere
+// in the history, is not read). Both are found by their BRIN indexes: only
+// the page ranges written since the cut-off are read. A transfer made
+// before migration 0016 has no created_xid, and is in every checkpoint.
 const sinceCutSQL = `
     SELECT t.transfer_id, t.from_account, t.to_account, t.amount_minor, t.currency, t.state, t.created_at,
            t.created_xid, true AS created
     FROM transfer t
     WHERE t.created_xid >= %[2]s AND NOT pg_visible_in_snapshot(t.created_xid::text::xid8, %[1]s)
     UNION ALL
-    SELECT t.transfer_id, t.from_account, t.to_account, t.amount_minor, t.currency, t.state, t.created_at,
-           t.created_xid, false
-    FROM transfer_failure f JOIN transfer t ON t.transfer_id = f.transfer_id
+    SELECT f.transfer_id, f.from_account, f.to_account, f.amount_minor, NULL, 'failed', NULL,
+           f.created_xid, false
+    FROM transfer_failure f
     WHERE f.failed_xid >= %[2]s AND NOT pg_visible_in_snapshot(f.failed_xid::text::xid8, %[1]s)
-      AND (t.created_xid IS NULL OR pg_visible_in_snapshot(t.created_xid::text::xid8, %[1]s))`
+      AND (f.created_xid IS NULL OR pg_visible_in_snapshot(f.created_xid::text::xid8, %[1]s))`
 
 // fullQuery compares every balance with the net of its transfers, and,
 // with a checkpoint to compare ($2, its cut-off, and $3, that cut-off's

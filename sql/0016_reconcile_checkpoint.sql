@@ -42,12 +42,18 @@ ALTER TABLE transfer ALTER COLUMN created_xid SET DEFAULT pg_current_xact_id()::
 CREATE INDEX IF NOT EXISTS transfer_created_range ON transfer
     USING brin (created_xid, created_at) WITH (autosummarize = on);
 
--- One row per transfer that failed, written in the failure's transaction.
--- Only inserted, never updated: its pages fill in the order of the
--- failures.
+-- One row per transfer that failed, written in the failure's transaction,
+-- with what the pass needs of the transfer (its accounts, its amount, and
+-- the transaction that created it), so that it reads only these rows, and
+-- never the transfer's, wherever in the history that is. Only inserted,
+-- never updated: its pages fill in the order of the failures.
 CREATE TABLE IF NOT EXISTS transfer_failure (
-    transfer_id UUID   NOT NULL,
-    failed_xid  BIGINT NOT NULL DEFAULT pg_current_xact_id()::text::bigint
+    transfer_id  UUID   NOT NULL,
+    from_account TEXT   NOT NULL,
+    to_account   TEXT   NOT NULL,
+    amount_minor BIGINT NOT NULL,
+    created_xid  BIGINT,
+    failed_xid   BIGINT NOT NULL DEFAULT pg_current_xact_id()::text::bigint
 );
 CREATE INDEX IF NOT EXISTS transfer_failure_range ON transfer_failure
     USING brin (failed_xid) WITH (autosummarize = on);

@@ -15,6 +15,7 @@ BEGIN
     RETURNING * INTO t;
     IF FOUND AND t.state = 'failed' THEN
         PERFORM move_balances(t.to_account, t.from_account, t.amount_minor);
-        INSERT INTO transfer_failure (transfer_id) VALUES (p_transfer_id);
+        INSERT INTO transfer_failure (transfer_id, from_account, to_account, amount_minor, created_xid)
+        VALUES (t.transfer_id, t.from_account, t.to_account, t.amount_minor, t.created_xid);
     END IF;
 END $$;
