@@ -13,8 +13,8 @@ import (
 // migrations made, now and after every later migration, and nothing that
 // would let it change the schema:
 //
-//   - CONNECT and TEMPORARY on the database and USAGE on the schema (an
-//     estate may have revoked them from PUBLIC);
+//   - CONNECT on the database and USAGE on the schema (an estate may have
+//     revoked both from PUBLIC);
 //   - SELECT, INSERT, UPDATE and DELETE on every table of the schema, but
 //     only SELECT on schema_migration: the service reads it to check the
 //     schema is current, and never writes it unless it migrates;
@@ -57,10 +57,7 @@ func Grant(ctx context.Context, db *sqlx.DB, role string) error {
 			return fmt.Errorf("grant: %w", err)
 		}
 		stmts := []string{
-			// TEMPORARY: the reconciliation's passes build their working
-			// sets in temporary tables, dropped at their commit (adr/0007);
-			// an estate may have revoked PUBLIC's default.
-			"GRANT CONNECT, TEMPORARY ON DATABASE " + pq.QuoteIdentifier(*database) + " TO " + r,
+			"GRANT CONNECT ON DATABASE " + pq.QuoteIdentifier(*database) + " TO " + r,
 			"GRANT USAGE ON SCHEMA " + s + " TO " + r,
 			"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA " + s + " TO " + r,
 			"GRANT USAGE ON ALL SEQUENCES IN SCHEMA " + s + " TO " + r,

@@ -58,56 +58,64 @@ SELECT c.cutoff::text AS cutoff, c.written_at, c.rebuilt_at, c.full_at, c.swept_
        END AS distrusted
 FROM reconcile_checkpoint c, (SELECT ` + systemSQL + ` AS id, ` + timelineSQL + ` AS timeline) s`
 
-// newSince makes reconcile_new: the transfers created, or failed, since
-// the cut-off $1 (xmin $2) (sinceCutSQL).
-var newSince = `CREATE TEMP TABLE reconcile_new ON COMMIT DROP AS` +
+// The periodic pass's working sets are the unlogged tables
+// reconcile_pass_* (sql/0016), empty between passes: emptyWork empties
+// them, before a pass's work and again before its commit.
+const emptyWork = `DELETE FROM reconcile_pass_new; DELETE FROM reconcile_pass_delta; DELETE FROM reconcile_pass_candidate;
+DELETE FROM reconcile_pass_drift; DELETE FROM reconcile_pass_duplicate; DELETE FROM reconcile_pass_waiting;
+DELETE FROM reconcile_pass_full`
+
+// newSince fills reconcile_pass_new: the transfers created, or failed,
+// since the cut-off $1 (xmin $2) (sinceCutSQL).
+var newSince = `INSERT INTO reconcile_pass_new` +
 	fmt.Sprintf(sinceCutSQL, "$1::pg_snapshot", "$2::bigint")
 
-// deltaSince makes reconcile_delta: what reconcile_new moved, per account.
-var deltaSince = `CREATE TEMP TABLE reconcile_delta ON COMMIT DROP AS
-SELECT account, sum(delta)::bigint AS delta FROM (` + fmt.Sprintf(movedSQL, "reconcile_new") + `) m GROUP BY account`
+// deltaSince fills reconcile_pass_delta: what reconcile_pass_new moved,
+// per account.
+var deltaSince = `INSERT INTO reconcile_pass_delta
+SELECT account, sum(delta)::bigint AS delta FROM (` + fmt.Sprintf(movedSQL, "reconcile_pass_new") + `) m GROUP BY account`
 
 // sweepEnd is the account $2 accounts after $1 in balance_projection, the
 // end of this pass's part of the sweep; no row when fewer are left.
 const sweepEnd = `SELECT account FROM balance_projection WHERE account > $1 ORDER BY account OFFSET $2::int - 1 LIMIT 1`
 
-// candidates makes reconcile_candidate: the accounts the periodic pass
+// candidates fills reconcile_pass_candidate: the accounts the periodic pass
 // compares. Those the transfers since the cut-off moved; those found in
 // drift before, until a pass finds them mended; and the sweep's part, the
 // accounts in ($1, $2] ($2 NULL: to the end), of balance_projection and of
 // the checkpoint both, so that a balance changed, made or deleted by hand
 // is found within a round of the sweep.
-const candidates = `CREATE TEMP TABLE reconcile_candidate ON COMMIT DROP AS
-SELECT account FROM reconcile_delta
+const candidates = `INSERT INTO reconcile_pass_candidate
+SELECT account FROM reconcile_pass_delta
 UNION SELECT subject FROM reconcile_finding WHERE kind = 'drift'
 UNION SELECT account FROM balance_projection WHERE account > $1 AND ($2::text IS NULL OR account <= $2)
 UNION SELECT account FROM reconcile_checkpoint_net WHERE account > $1 AND ($2::text IS NULL OR account <= $2)`
 
-// periodicDrift makes reconcile_drift: each candidate whose balance is not
+// periodicDrift fills reconcile_pass_drift: each candidate whose balance is not
 // what the checkpoint and the transfers since say. As in the full pass, an
 // account with transfers (a row in the checkpoint, or a movement since)
 // but no balance row is drift, and a balance without transfers must be 0.
-const periodicDrift = `CREATE TEMP TABLE reconcile_drift ON COMMIT DROP AS
+const periodicDrift = `INSERT INTO reconcile_pass_drift
 SELECT c.account, coalesce(n.net_minor, 0) + coalesce(d.delta, 0) AS expected, b.balance_minor AS actual,
        coalesce(b.balance_minor, 0) - coalesce(n.net_minor, 0) - coalesce(d.delta, 0) AS difference
-FROM reconcile_candidate c
+FROM reconcile_pass_candidate c
 LEFT JOIN reconcile_checkpoint_net n ON n.account = c.account
-LEFT JOIN reconcile_delta d ON d.account = c.account
+LEFT JOIN reconcile_pass_delta d ON d.account = c.account
 LEFT JOIN balance_projection b ON b.account = c.account
 WHERE (b.account IS NULL AND (n.account IS NOT NULL OR d.account IS NOT NULL))
    OR b.balance_minor <> coalesce(n.net_minor, 0) + coalesce(d.delta, 0)`
 
-// recentDuplicates makes reconcile_duplicate: duplicateQuery over the
+// recentDuplicates fills reconcile_pass_duplicate: duplicateQuery over the
 // transfers created from the window $1 before the earliest creation since
 // the cut-off, keeping the pairs of which one was created since: a pair
 // of two older creations was a pair for the pass before. Both creations of
 // a pair are at most the window apart, so both are among those read, and
 // so is every creation of the intent between them. The transfers of the
 // window are found by the BRIN index on created_at.
-const recentDuplicates = `CREATE TEMP TABLE reconcile_duplicate ON COMMIT DROP AS
+const recentDuplicates = `INSERT INTO reconcile_pass_duplicate
 WITH recent AS (
     SELECT transfer_id, from_account, to_account, amount_minor, currency, state, created_at FROM transfer
-    WHERE created_at >= (SELECT min(created_at) FROM reconcile_new WHERE created) - $1::interval
+    WHERE created_at >= (SELECT min(created_at) FROM reconcile_pass_new WHERE created) - $1::interval
 ), candidate AS (
     SELECT DISTINCT from_account, to_account, amount_minor, currency
     FROM (SELECT from_account, to_account, amount_minor, currency,
@@ -122,11 +130,12 @@ WITH recent AS (
     WHERE t.state <> 'failed'
     WINDOW w AS (PARTITION BY t.from_account, t.to_account, t.amount_minor, t.currency ORDER BY t.created_at)
 )
-SELECT * FROM pair
+SELECT from_account, to_account, amount_minor, currency, transfer_id, created_at, earlier_transfer_id, earlier_created_at
+FROM pair
 WHERE created_at - earlier_created_at <= $1::interval
   AND NOT EXISTS (SELECT 1 FROM reconcile_dismissed d WHERE d.transfer_id = pair.transfer_id)
-  AND (transfer_id IN (SELECT transfer_id FROM reconcile_new WHERE created)
-       OR earlier_transfer_id IN (SELECT transfer_id FROM reconcile_new WHERE created))`
+  AND (transfer_id IN (SELECT transfer_id FROM reconcile_pass_new WHERE created)
+       OR earlier_transfer_id IN (SELECT transfer_id FROM reconcile_pass_new WHERE created))`
 
 // moveCheckpoint adds what the transfers since the cut-off moved to the
 // checkpoint's nets, and moves its cut-off to this pass's snapshot, the
@@ -135,26 +144,26 @@ const moveCheckpoint = `
 WITH nets AS (
     INSERT INTO reconcile_checkpoint_net AS c (account, net_minor)
     SELECT d.account, coalesce(n.net_minor, 0) + d.delta
-    FROM reconcile_delta d LEFT JOIN reconcile_checkpoint_net n ON n.account = d.account
+    FROM reconcile_pass_delta d LEFT JOIN reconcile_checkpoint_net n ON n.account = d.account
     ON CONFLICT (account) DO UPDATE SET net_minor = EXCLUDED.net_minor
 ), w AS (
     SELECT array_agg(transfer_id ORDER BY created_xid DESC) AS ids, array_agg(created_xid ORDER BY created_xid DESC) AS xids
-    FROM (SELECT transfer_id, created_xid FROM reconcile_new WHERE created ORDER BY created_xid DESC LIMIT 4) x
+    FROM (SELECT transfer_id, created_xid FROM reconcile_pass_new WHERE created ORDER BY created_xid DESC LIMIT 4) x
 )
 UPDATE reconcile_checkpoint SET cutoff = pg_current_snapshot(), written_by = pg_current_xact_id(), written_at = now(),
     swept_to = $1, witness_ids = coalesce(w.ids, witness_ids), witness_xids = coalesce(w.xids, witness_xids)
 FROM w`
 
 // rebuildCheckpoint makes the checkpoint anew from a full pass's nets
-// (reconcile_full, kind net): the accounts gone are deleted, the others
+// (reconcile_pass_full, kind net): the accounts gone are deleted, the others
 // written where they differ.
 const rebuildCheckpoint = `
 WITH gone AS (
     DELETE FROM reconcile_checkpoint_net c
-    WHERE NOT EXISTS (SELECT 1 FROM reconcile_full f WHERE f.kind = 'net' AND f.account = c.account)
+    WHERE NOT EXISTS (SELECT 1 FROM reconcile_pass_full f WHERE f.kind = 'net' AND f.account = c.account)
 )
 INSERT INTO reconcile_checkpoint_net AS c (account, net_minor)
-SELECT account, expected FROM reconcile_full WHERE kind = 'net'
+SELECT account, expected FROM reconcile_pass_full WHERE kind = 'net'
 ON CONFLICT (account) DO UPDATE SET net_minor = EXCLUDED.net_minor WHERE c.net_minor <> EXCLUDED.net_minor`
 
 // rebuiltHeader writes the rebuilt checkpoint's cut-off (this pass's

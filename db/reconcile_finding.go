@@ -12,8 +12,8 @@ import (
 // What the passes found, kept in reconcile_finding until a pass finds it
 // resolved (adr/0007, "Nothing found is lost between passes").
 
-// recordSQL writes a pass's findings (the temporary tables
-// reconcile_drift, reconcile_duplicate and reconcile_waiting) into
+// recordSQL writes a pass's findings (the working sets
+// reconcile_pass_drift, _duplicate and _waiting) into
 // reconcile_finding, keeping when each was first seen, and deletes those
 // the pass found resolved:
 //   - a drift, when its account was compared and is not in drift: every
@@ -25,21 +25,21 @@ import (
 //     transfers failed or is gone, or a person dismissed it.
 const recordSQL = `
 DELETE FROM reconcile_finding f WHERE f.kind = 'drift'
-    AND NOT EXISTS (SELECT 1 FROM reconcile_drift d WHERE d.account = f.subject);
+    AND NOT EXISTS (SELECT 1 FROM reconcile_pass_drift d WHERE d.account = f.subject);
 DELETE FROM reconcile_finding f WHERE f.kind = 'waiting'
-    AND NOT EXISTS (SELECT 1 FROM reconcile_waiting w WHERE w.transfer_id::text = f.subject);
+    AND NOT EXISTS (SELECT 1 FROM reconcile_pass_waiting w WHERE w.transfer_id::text = f.subject);
 %s;
 INSERT INTO reconcile_finding AS f (kind, subject, detail)
-SELECT 'drift', account, to_jsonb(d) FROM reconcile_drift d
+SELECT 'drift', account, to_jsonb(d) FROM reconcile_pass_drift d
 UNION ALL
-SELECT 'duplicate', transfer_id::text, to_jsonb(d) - 'total' FROM reconcile_duplicate d
+SELECT 'duplicate', transfer_id::text, to_jsonb(d) - 'total' FROM reconcile_pass_duplicate d
 UNION ALL
-SELECT 'waiting', transfer_id::text, to_jsonb(w) - 'total' FROM reconcile_waiting w
+SELECT 'waiting', transfer_id::text, to_jsonb(w) - 'total' FROM reconcile_pass_waiting w
 ON CONFLICT (kind, subject) DO UPDATE SET detail = EXCLUDED.detail, last_seen = EXCLUDED.last_seen`
 
 const (
 	duplicatesNotFound = `DELETE FROM reconcile_finding f WHERE f.kind = 'duplicate'
-    AND NOT EXISTS (SELECT 1 FROM reconcile_duplicate d WHERE d.transfer_id::text = f.subject)`
+    AND NOT EXISTS (SELECT 1 FROM reconcile_pass_duplicate d WHERE d.transfer_id::text = f.subject)`
 	duplicatesResolved = `DELETE FROM reconcile_finding f WHERE f.kind = 'duplicate'
     AND NOT EXISTS (SELECT 1 FROM transfer l JOIN transfer e ON e.transfer_id = (f.detail->>'earlier_transfer_id')::uuid
                     WHERE l.transfer_id = f.subject::uuid AND l.state <> 'failed' AND e.state <> 'failed'

@@ -38,6 +38,16 @@ type PeriodicOptions struct {
 // writes (pg_current_snapshot() in it is the transaction's snapshot).
 var repeatableReadWrite = &sql.TxOptions{Isolation: sql.LevelRepeatableRead}
 
+// The full pass's queries, into the working sets.
+var (
+	duplicatesInto = `INSERT INTO reconcile_pass_duplicate
+SELECT from_account, to_account, amount_minor, currency, transfer_id, created_at, earlier_transfer_id, earlier_created_at
+FROM (` + duplicateQuery + `) d`
+	waitingInto = `INSERT INTO reconcile_pass_waiting
+SELECT transfer_id, event_id, event_type, from_account, to_account, amount_minor, currency, received_at
+FROM (` + waitingQuery + `) w`
+)
+
 // ReconcilePeriodic is the service's periodic pass (adr/0007). When the
 // checkpoint can be trusted, it adds to each account's net at the
 // checkpoint's cut-off the transfers created or failed since, compares
@@ -69,6 +79,9 @@ func ReconcilePeriodic(ctx context.Context, db *sqlx.DB, o PeriodicOptions) (Rec
 	if err := tx.GetContext(ctx, &r.At, `SELECT now()`); err != nil {
 		return r, translateIn("now", err)
 	}
+	if _, err := tx.ExecContext(ctx, emptyWork); err != nil {
+		return r, translateIn("the working sets", err)
+	}
 	c := r.Checkpoint
 	r.Full = o.Full || !c.trusted() || o.FullEvery > 0 && (c.FullAt == nil || r.At.Sub(*c.FullAt) >= o.FullEvery)
 	if r.Full {
@@ -81,6 +94,9 @@ func ReconcilePeriodic(ctx context.Context, db *sqlx.DB, o PeriodicOptions) (Rec
 	}
 	if err := readFindings(ctx, tx, o.Limit, &r); err != nil {
 		return r, err
+	}
+	if _, err := tx.ExecContext(ctx, emptyWork); err != nil {
+		return r, translateIn("the working sets", err)
 	}
 	if err := tx.Commit(); err != nil {
 		return r, fmt.Errorf("reconcile: commit: %w", translate(err))
@@ -117,7 +133,7 @@ func since(ctx context.Context, tx *sqlx.Tx, o PeriodicOptions, r *Reconciliatio
 	if _, err := tx.ExecContext(ctx, candidates, c.sweptTo, end); err != nil {
 		return translateIn("the accounts to compare", err)
 	}
-	if err := tx.QueryRowxContext(ctx, `SELECT (SELECT count(*) FROM reconcile_new), (SELECT count(*) FROM reconcile_candidate)`).
+	if err := tx.QueryRowxContext(ctx, `SELECT (SELECT count(*) FROM reconcile_pass_new), (SELECT count(*) FROM reconcile_pass_candidate)`).
 		Scan(&r.Transfers, &r.Accounts); err != nil {
 		return translateIn("count", err)
 	}
@@ -127,8 +143,7 @@ func since(ctx context.Context, tx *sqlx.Tx, o PeriodicOptions, r *Reconciliatio
 	}{
 		{"balances", periodicDrift, nil},
 		{"duplicate intents", recentDuplicates, []any{interval(o.Window)}},
-		{"waiting transitions", `CREATE TEMP TABLE reconcile_waiting ON COMMIT DROP AS ` + waitingQuery,
-			[]any{math.MaxInt32, interval(o.PendingAfter)}},
+		{"waiting transitions", waitingInto, []any{math.MaxInt32, interval(o.PendingAfter)}},
 	} {
 		if _, err := tx.ExecContext(ctx, step.query, step.args...); err != nil {
 			return translateIn(step.what, err)
@@ -156,11 +171,11 @@ func rebuild(ctx context.Context, tx *sqlx.Tx, o PeriodicOptions, r *Reconciliat
 	}
 	cut, xmin := r.Checkpoint.comparable()
 	r.Checkpoint.Compared = cut != nil
-	if _, err := tx.ExecContext(ctx, `CREATE TEMP TABLE reconcile_full ON COMMIT DROP AS `+fullQuery, math.MaxInt32, cut, xmin, true); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO reconcile_pass_full `+fullQuery, math.MaxInt32, cut, xmin, true); err != nil {
 		return translateIn("balances", err)
 	}
 	var rows []fullRow
-	if err := tx.SelectContext(ctx, &rows, `SELECT kind, account, expected, actual, difference, total FROM reconcile_full
+	if err := tx.SelectContext(ctx, &rows, `SELECT kind, account, expected, actual, difference, total FROM reconcile_pass_full
 		WHERE kind = 'changed' ORDER BY account LIMIT greatest($1::int, 1)`, o.Limit); err != nil {
 		return translateIn("the checkpoint's comparison", err)
 	}
@@ -169,12 +184,10 @@ func rebuild(ctx context.Context, tx *sqlx.Tx, o PeriodicOptions, r *Reconciliat
 		what, query string
 		args        []any
 	}{
-		{"balances", `CREATE TEMP TABLE reconcile_drift ON COMMIT DROP AS
-			SELECT account, expected, actual, difference FROM reconcile_full WHERE kind = 'drift'`, nil},
-		{"duplicate intents", `CREATE TEMP TABLE reconcile_duplicate ON COMMIT DROP AS ` + duplicateQuery,
-			[]any{math.MaxInt32, interval(o.Window)}},
-		{"waiting transitions", `CREATE TEMP TABLE reconcile_waiting ON COMMIT DROP AS ` + waitingQuery,
-			[]any{math.MaxInt32, interval(o.PendingAfter)}},
+		{"balances", `INSERT INTO reconcile_pass_drift
+			SELECT account, expected, actual, difference FROM reconcile_pass_full WHERE kind = 'drift'`, nil},
+		{"duplicate intents", duplicatesInto, []any{math.MaxInt32, interval(o.Window)}},
+		{"waiting transitions", waitingInto, []any{math.MaxInt32, interval(o.PendingAfter)}},
 	} {
 		if _, err := tx.ExecContext(ctx, step.query, step.args...); err != nil {
 			return translateIn(step.what, err)

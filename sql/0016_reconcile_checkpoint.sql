@@ -117,3 +117,24 @@ CREATE TABLE IF NOT EXISTS reconcile_finding (
     last_seen  TIMESTAMPTZ NOT NULL DEFAULT now(),
     PRIMARY KEY (kind, subject)
 );
+
+-- The working sets of a pass, filled and emptied within its transaction,
+-- under the reconciliation's lock: one pass at a time writes them, and
+-- they are empty between passes. Tables of the schema, not temporary
+-- ones, since the service's role may not create any (db.Grant); unlogged,
+-- since nothing in them outlives the transaction, so that they cost no
+-- WAL (and a standby has none: a pass there reads only).
+CREATE UNLOGGED TABLE IF NOT EXISTS reconcile_pass_new (
+    transfer_id UUID, from_account TEXT, to_account TEXT, amount_minor BIGINT, currency TEXT, state TEXT,
+    created_at TIMESTAMPTZ, created_xid BIGINT, created BOOLEAN);
+CREATE UNLOGGED TABLE IF NOT EXISTS reconcile_pass_delta (account TEXT, delta BIGINT);
+CREATE UNLOGGED TABLE IF NOT EXISTS reconcile_pass_candidate (account TEXT);
+CREATE UNLOGGED TABLE IF NOT EXISTS reconcile_pass_drift (account TEXT, expected BIGINT, actual BIGINT, difference BIGINT);
+CREATE UNLOGGED TABLE IF NOT EXISTS reconcile_pass_duplicate (
+    from_account TEXT, to_account TEXT, amount_minor BIGINT, currency TEXT,
+    transfer_id UUID, created_at TIMESTAMPTZ, earlier_transfer_id UUID, earlier_created_at TIMESTAMPTZ);
+CREATE UNLOGGED TABLE IF NOT EXISTS reconcile_pass_waiting (
+    transfer_id UUID, event_id UUID, event_type TEXT, from_account TEXT, to_account TEXT, amount_minor BIGINT,
+    currency TEXT, received_at TIMESTAMPTZ);
+CREATE UNLOGGED TABLE IF NOT EXISTS reconcile_pass_full (
+    kind TEXT, account TEXT, expected BIGINT, actual BIGINT, difference BIGINT, total BIGINT);
