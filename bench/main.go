@@ -47,6 +47,12 @@ func main() {
 		case "scale":
 			runScale(os.Args[2:])
 			return
+		case "applycost":
+			runApplyCost(os.Args[2:])
+			return
+		case "reconcile-scale":
+			runReconcileScale(os.Args[2:])
+			return
 		}
 	}
 	queues := flag.String("queues", "1,8,32", "queue counts to measure")

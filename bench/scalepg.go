@@ -47,6 +47,12 @@ type pgServer struct {
 // initdb refuses to run as root: as root, the server runs as the user
 // postgres.
 func startPG(bin, parent string, s pgSettings) (*pgServer, error) {
+	return startPGWith(bin, parent, s, nil)
+}
+
+// startPGWith is startPG with the server run under wrap (a command and its
+// arguments, such as valgrind's), which its backends inherit.
+func startPGWith(bin, parent string, s pgSettings, wrap []string) (*pgServer, error) {
 	dir, err := os.MkdirTemp(parent, "bench-scale-pg-")
 	if err != nil {
 		return nil, err
@@ -98,6 +104,11 @@ func startPG(bin, parent string, s pgSettings) (*pgServer, error) {
 	args := []string{"-D", p.data, "-p", strconv.Itoa(p.port),
 		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=" + dir}
 	p.cmd = p.command("postgres", args...)
+	if len(wrap) > 0 {
+		cmd := exec.Command(wrap[0], append(append(wrap[1:], filepath.Join(p.bin, "postgres")), args...)...)
+		cmd.SysProcAttr, cmd.Dir = p.cmd.SysProcAttr, p.cmd.Dir
+		p.cmd = cmd
+	}
 	logFile, err := os.Create(filepath.Join(dir, "server.log"))
 	if err != nil {
 		os.RemoveAll(dir)
@@ -114,7 +125,7 @@ func startPG(bin, parent string, s pgSettings) (*pgServer, error) {
 	}
 	p.exited = make(chan error, 1)
 	go func() { p.exited <- p.cmd.Wait(); logFile.Close() }()
-	for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(100 * time.Millisecond) {
 		if pingDB(p.url("postgres")) == nil {
 			return p, nil
 		}
@@ -127,7 +138,7 @@ func startPG(bin, parent string, s pgSettings) (*pgServer, error) {
 		}
 		if time.Now().After(deadline) {
 			p.stop()
-			return nil, fmt.Errorf("postgres did not answer within a minute")
+			return nil, fmt.Errorf("postgres did not answer within five minutes")
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"math"
+	"sync"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -19,11 +20,13 @@ import (
 	"transferconsumer/observe"
 )
 
-const reconcileUsage = `Usage: transferconsumer reconcile [--json] [-n N] [--skip-dlq | --require-dlq [--dlq-wait D]]
+const reconcileUsage = `Usage: transferconsumer reconcile [--periodic | --rebuild] [--json] [-n N] [--skip-dlq | --require-dlq [--dlq-wait D]]
 
-Reads the database in one consistent snapshot, changes nothing, and reports
-(adr/0007):
+Reads the database in one consistent snapshot and reports (adr/0007):
   - every account whose balance is not the net of its transfers (drift);
+  - every account whose transfers no longer sum to what the checkpoint of
+    the periodic passes says: a transfer it counted was changed or removed
+    by hand (changed);
   - creations of one intent (the same accounts, amount and currency) under
     different transferIds within RECONCILE_WINDOW: suspected duplicates a
     producer published, which the inbox cannot see;
@@ -36,6 +39,15 @@ Reads the database in one consistent snapshot, changes nothing, and reports
     MANAGEMENT_URL set, the report compares what it read with the broker's
     count and says how many it did not see; with --require-dlq it reads
     again, for up to --dlq-wait, until it sees them all.
+
+By default it is a full pass over every transfer, and changes nothing: it
+runs on a standby too. --periodic runs the service's periodic pass once:
+from the checkpoint, the transfers committed since its cut-off (a full pass
+when the checkpoint cannot be trusted, or RECONCILE_FULL_INTERVAL has
+passed), then it moves the checkpoint and writes what it found, and
+reports every finding not yet resolved. --rebuild is a full pass that makes
+the checkpoint anew and writes what it found. Both write, so they need the
+primary, and wait for no other replica's pass: they fail while one runs.
 
 Exit status: 0 when nothing was found, 3 when something was, 4 when
 --require-dlq could not see every dead letter the broker counts, 1 on an
@@ -81,9 +93,19 @@ func Found(err error) bool {
 	return ok
 }
 
+// pass is which reconciliation a run is (adr/0007).
+type pass int
+
+const (
+	passFull     pass = iota // every transfer, read only
+	passPeriodic             // from the checkpoint, recorded
+	passRebuild              // every transfer, the checkpoint made anew, recorded
+)
+
 // reconcileArgs is a parsed reconcile command line.
 type reconcileArgs struct {
 	json    bool
+	pass    pass
 	first   int           // findings of each kind shown
 	dlqRead string        // read, skip or require
 	dlqWait time.Duration // require: how long to read again for letters another reader holds
@@ -95,6 +117,8 @@ func parseReconcile(args []string, help io.Writer) (reconcileArgs, error) {
 	fset.SetOutput(io.Discard)
 	fset.Usage = func() {}
 	fset.BoolVar(&a.json, "json", false, "print the report as JSON")
+	periodic := fset.Bool("periodic", false, "run the service's periodic pass once, from the checkpoint, and write what it found (needs the primary)")
+	rebuild := fset.Bool("rebuild", false, "a full pass that makes the checkpoint anew and writes what it found (needs the primary)")
 	fset.IntVar(&a.first, "n", 20, "findings of each kind to show (all are counted)")
 	skip := fset.Bool("skip-dlq", false, "do not read the dead-letter queue")
 	require := fset.Bool("require-dlq", false, "fail (exit 1) when the dead-letter queue cannot be read, and (exit 4) when it cannot be read whole")
@@ -116,10 +140,18 @@ func parseReconcile(args []string, help io.Writer) (reconcileArgs, error) {
 		return a, fmt.Errorf("reconcile: --dlq-wait must not be negative, got %s\n\n%s", a.dlqWait, reconcileUsage)
 	case *skip && *require:
 		return a, fmt.Errorf("reconcile: --skip-dlq and --require-dlq contradict each other\n\n%s", reconcileUsage)
+	case *periodic && *rebuild:
+		return a, fmt.Errorf("reconcile: --periodic and --rebuild contradict each other\n\n%s", reconcileUsage)
 	case *skip:
 		a.dlqRead = "skip"
 	case *require:
 		a.dlqRead = "require"
+	}
+	switch {
+	case *periodic:
+		a.pass = passPeriodic
+	case *rebuild:
+		a.pass = passRebuild
 	}
 	return a, nil
 }
@@ -158,7 +190,7 @@ type deadLetter struct {
 // findings returns how many kinds of finding r holds.
 func (r reconcileReport) findings() int {
 	n := 0
-	for _, c := range []int{r.DriftCount, r.DupCount, r.WaitCount, r.DeadLetters.Old + r.DeadLetters.Undated} {
+	for _, c := range []int{r.DriftCount, r.ChangedCount, r.DupCount, r.WaitCount, r.DeadLetters.Old + r.DeadLetters.Undated} {
 		if c > 0 {
 			n++
 		}
@@ -166,22 +198,37 @@ func (r reconcileReport) findings() int {
 	return n
 }
 
-// reconcile runs one reconciliation; with exclusive, only if no other
-// replica's periodic run holds the lock (Ran says whether it did).
-// With readDLQ it reads the DLQ too, again for up to dlqWait while
-// another reader holds letters.
-func reconcile(ctx context.Context, database *sqlx.DB, cfg config.Config, first int, exclusive, readDLQ bool, dlqWait time.Duration) (reconcileReport, error) {
+// dlqRead says whether a reconciliation reads the DLQ, and for whom.
+type dlqRead int
+
+const (
+	dlqNone      dlqRead = iota
+	dlqByCommand         // a person's command
+	dlqByService         // the service's periodic run (readDeadLetters)
+)
+
+// reconcile runs one reconciliation of kind p; with exclusive, only if no
+// other replica's pass holds the lock (Ran says whether it did). It reads
+// the DLQ too unless letters is dlqNone, again for up to dlqWait while
+// another reader holds letters. A periodic pass is a full one when
+// fullEvery (not 0) has passed since the last.
+func reconcile(ctx context.Context, database *sqlx.DB, cfg config.Config, first int, p pass, fullEvery time.Duration,
+	exclusive bool, letters dlqRead, dlqWait time.Duration) (reconcileReport, error) {
 	start := time.Now()
 	rep := reconcileReport{Window: cfg.ReconcileWindow, After: cfg.PendingAfter, InboxTTL: cfg.InboxTTL}
+	o := db.ReconcileOptions{Window: cfg.ReconcileWindow, PendingAfter: cfg.PendingAfter, Limit: first, Exclusive: exclusive}
 	var err error
-	rep.Reconciliation, err = db.Reconcile(ctx, database, db.ReconcileOptions{
-		Window: cfg.ReconcileWindow, PendingAfter: cfg.PendingAfter, Limit: first, Exclusive: exclusive})
+	if p == passFull {
+		rep.Reconciliation, err = db.Reconcile(ctx, database, o)
+	} else {
+		rep.Reconciliation, err = db.ReconcilePeriodic(ctx, database, db.PeriodicOptions{ReconcileOptions: o, FullEvery: fullEvery, Full: p == passRebuild})
+	}
 	if err != nil || !rep.Ran {
 		return rep, err
 	}
 	rep.DeadLetters = deadLetters{Error: "not read: RECONCILE_DLQ is false"}
-	if readDLQ {
-		rep.DeadLetters = readDeadLetters(cfg, first, dlqWait, exclusive) // exclusive: the service's periodic run
+	if letters != dlqNone {
+		rep.DeadLetters = readDeadLetters(cfg, first, dlqWait, letters == dlqByService)
 	}
 	rep.Duration = time.Since(start)
 	return rep, nil
@@ -262,9 +309,18 @@ func reconcileCommand(ctx context.Context, cfg config.Config, migrations fs.FS, 
 	if a.dlqRead == "require" {
 		wait = a.dlqWait
 	}
-	rep, err := reconcile(ctx, database, cfg, a.first, false, a.dlqRead != "skip", wait)
-	if err != nil {
+	// A pass that writes takes the lock the service's passes take, so
+	// that it never writes beside one of theirs.
+	letters := dlqByCommand
+	if a.dlqRead == "skip" {
+		letters = dlqNone
+	}
+	rep, err := reconcile(ctx, database, cfg, a.first, a.pass, fullEvery(cfg), a.pass != passFull, letters, wait)
+	switch {
+	case err != nil:
 		return err
+	case !rep.Ran:
+		return fmt.Errorf("reconcile: another pass (a replica's periodic one) holds the reconciliation's lock: try again once it ended")
 	}
 	if a.dlqRead == "skip" {
 		rep.DeadLetters.Error = "not read: --skip-dlq"
@@ -288,15 +344,25 @@ func reconcileCommand(ctx context.Context, cfg config.Config, migrations fs.FS, 
 }
 
 // ReconcileLoop is the reconcile command run by the service: it runs the
-// reconciliation every RECONCILE_INTERVAL until ctx
-// ends, the first time a minute after start (or sooner, with a shorter
-// interval), so that a replica restarted more often than the interval
-// still reports. Replicas take turns through a transaction-scoped advisory
-// lock, as retention does: a run that finds another running does nothing.
-// A failed run is logged and retried at the next tick.
+// periodic pass every RECONCILE_INTERVAL until ctx ends, the first time a
+// minute after start (or sooner, with a shorter interval), so that a
+// replica restarted more often than the interval still reports. Each pass
+// starts from the checkpoint the one before left; it is a full pass when
+// the checkpoint cannot be trusted, and, without RECONCILE_DATABASE_URL,
+// when RECONCILE_FULL_INTERVAL has passed since the last (with it, the
+// scheduled full pass reads the standby: fullOnStandby). Replicas take
+// turns through a transaction-scoped advisory lock, as retention does: a
+// run that finds another running does nothing. A failed run is logged and
+// retried at the next tick.
 func ReconcileLoop(ctx context.Context, database *sqlx.DB, cfg config.Config, m *observe.Metrics, log *slog.Logger) {
 	if cfg.ReconcileEvery <= 0 {
 		return
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	if standby, _ := cfg.ReconcileDatabase(); standby != "" && cfg.ReconcileFull > 0 {
+		wg.Add(1)
+		go func() { defer wg.Done(); fullOnStandby(ctx, database, standby, cfg, log) }()
 	}
 	wait := min(cfg.ReconcileEvery, time.Minute)
 	for {
@@ -308,19 +374,111 @@ func ReconcileLoop(ctx context.Context, database *sqlx.DB, cfg config.Config, m 
 		wait = cfg.ReconcileEvery
 		// A bound, so that a pass on an overloaded server cannot hold
 		// its snapshot (and vacuum's horizon with it) for ever; never
-		// tighter than ten minutes, whatever a short interval says.
-		run, cancel := context.WithTimeout(ctx, max(cfg.ReconcileEvery, 10*time.Minute))
-		rep, err := reconcile(run, database, cfg, logFirst, true, cfg.ReconcileDLQ, 0)
+		// tighter than ten minutes, whatever a short interval says, and a
+		// day for a pass that may be a full one.
+		run, cancel := context.WithTimeout(ctx, fullBound(cfg))
+		letters := dlqNone
+		if cfg.ReconcileDLQ {
+			letters = dlqByService
+		}
+		rep, err := reconcile(run, database, cfg, logFirst, passPeriodic, fullEvery(cfg), true, letters, 0)
 		cancel()
 		switch {
 		case err != nil && ctx.Err() == nil:
 			log.Error("reconcile failed", "err", err)
 		case err == nil && rep.Ran:
 			m.Reconciled(observe.Reconciliation{Drift: rep.DriftCount, Duplicates: rep.DupCount, Waiting: rep.WaitCount,
-				OldLetters: oldLetters(rep.DeadLetters), Took: rep.Duration})
+				OldLetters: oldLetters(rep.DeadLetters), Took: rep.Duration, Full: rep.Full,
+				LastFull: lastFull(rep.Reconciliation), OldestFinding: rep.OldestFinding})
 			logReconcile(log, rep)
 		}
 	}
+}
+
+// fullEvery is how often the periodic run is a full pass on the primary:
+// RECONCILE_FULL_INTERVAL, or never when a standby takes the scheduled
+// full pass (RECONCILE_DATABASE_URL).
+func fullEvery(cfg config.Config) time.Duration {
+	if standby, _ := cfg.ReconcileDatabase(); standby != "" {
+		return 0
+	}
+	return cfg.ReconcileFull
+}
+
+// fullBound bounds a pass that may be a full one: a day, or the interval
+// when longer. A full pass over billions of transfers takes hours; one that
+// cannot end within a day belongs on a standby (RECONCILE_DATABASE_URL).
+func fullBound(cfg config.Config) time.Duration {
+	return max(cfg.ReconcileEvery, 24*time.Hour)
+}
+
+// lastFull is when the last full pass ended: this one, or the one the
+// database recorded before it.
+func lastFull(r db.Reconciliation) time.Time {
+	switch {
+	case r.Full:
+		return r.At
+	case r.Checkpoint.FullAt != nil:
+		return *r.Checkpoint.FullAt
+	}
+	return time.Time{}
+}
+
+// recordFirst bounds the findings of each kind a full pass on a standby
+// writes on the primary; all are counted and logged as counts.
+const recordFirst = 100_000
+
+// fullOnStandby runs the scheduled full pass on the standby standby (a
+// URL) every RECONCILE_FULL_INTERVAL: at each RECONCILE_INTERVAL it asks
+// the primary whether one is due and claims it (one replica at a time),
+// reads every transfer on the standby, which only reads, and writes on the
+// primary what it found: its findings, which the periodic passes report
+// from then on until resolved, and, when the transfers no longer sum to
+// the checkpoint, a mark that has the next periodic pass, on the primary,
+// make it anew.
+func fullOnStandby(ctx context.Context, primary *sqlx.DB, standby string, cfg config.Config, log *slog.Logger) {
+	wait := min(cfg.ReconcileEvery, time.Minute)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = cfg.ReconcileEvery
+		claimed, err := db.ClaimFull(ctx, primary, cfg.ReconcileFull, fullBound(cfg))
+		if err != nil || !claimed {
+			if err != nil && ctx.Err() == nil {
+				log.Error("reconcile: claim the full pass on the standby", "err", err)
+			}
+			continue
+		}
+		run, cancel := context.WithTimeout(ctx, fullBound(cfg))
+		rep, err := readStandby(run, standby, cfg)
+		if err == nil {
+			err = db.RecordFull(run, primary, rep.Reconciliation)
+		}
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil {
+				log.Error("reconcile: the full pass on the standby failed", "err", err)
+			}
+			if err := db.ReleaseFull(context.WithoutCancel(ctx), primary); err != nil {
+				log.Error("reconcile: release the full pass's claim", "err", err)
+			}
+			continue
+		}
+		logReconcile(log.With("on", "standby"), rep)
+	}
+}
+
+// readStandby is one full pass on the standby.
+func readStandby(ctx context.Context, standby string, cfg config.Config) (reconcileReport, error) {
+	database, err := db.Open(ctx, standby, 2)
+	if err != nil {
+		return reconcileReport{}, fmt.Errorf("reconcile: RECONCILE_DATABASE_URL: %w", err)
+	}
+	defer database.Close()
+	return reconcile(ctx, database, cfg, recordFirst, passFull, 0, false, dlqNone, 0)
 }
 
 // logFirst bounds the lines a periodic run logs per kind of finding; the
@@ -339,6 +497,13 @@ func logReconcile(log *slog.Logger, rep reconcileReport) {
 		}
 		log.Error("reconcile: balance drift", attrs...)
 	}
+	for i, c := range rep.Changed {
+		if i == logFirst {
+			break
+		}
+		log.Error("reconcile: transfers changed since the checkpoint", "account", c.Account, "transfers", c.Transfers,
+			"checkpoint", c.Checkpoint, "difference", c.Difference)
+	}
 	for _, d := range rep.Duplicates {
 		log.Warn("reconcile: suspected duplicate intent", "transfer_id", d.Transfer, "earlier_transfer_id", d.Earlier,
 			"from_account", d.From, "to_account", d.To, "amount_minor", d.Amount, "currency", d.Currency,
@@ -356,9 +521,15 @@ func logReconcile(log *slog.Logger, rep reconcileReport) {
 	if rep.findings() > 0 {
 		level = slog.LevelWarn
 	}
-	attrs := []any{"transfers", rep.Transfers, "accounts", rep.Accounts,
+	attrs := []any{"pass", passName(rep.Reconciliation), "transfers", rep.Transfers, "accounts", rep.Accounts,
 		"drift", rep.DriftCount, "duplicate_intents", rep.DupCount, "waiting_transitions", rep.WaitCount,
 		"old_dead_letters", oldLetters(rep.DeadLetters), "duration_ms", rep.Duration.Milliseconds()}
+	if rep.Full {
+		attrs = append(attrs, "changed_since_checkpoint", rep.ChangedCount)
+	}
+	if why := rep.Checkpoint.Broken + rep.Checkpoint.Distrusted; why != "" {
+		attrs = append(attrs, "checkpoint_not_trusted", why)
+	}
 	if !rep.DeadLetters.Read {
 		attrs = append(attrs, "dead_letters", rep.DeadLetters.Error) // why old_dead_letters is -1
 	}

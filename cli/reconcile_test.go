@@ -24,6 +24,7 @@ func TestReconcileArgumentsBeforeConnecting(t *testing.T) {
 		{[]string{"reconcile", "--help"}, ""},
 		{[]string{"reconcile", "-n", "-1"}, "-n must not be negative"},
 		{[]string{"reconcile", "--skip-dlq", "--require-dlq"}, "contradict"},
+		{[]string{"reconcile", "--periodic", "--rebuild"}, "contradict"},
 		{[]string{"reconcile", "extra"}, "takes no arguments"},
 		{[]string{"reconcile", "--frobnicate"}, "flag provided but not defined"},
 	}
@@ -51,6 +52,8 @@ func TestReconcileSettingsAreChecked(t *testing.T) {
 		{"RECONCILE_WINDOW", "0s", "must be positive"},
 		{"RECONCILE_PENDING_AFTER", "-5m", "must be positive"},
 		{"RECONCILE_DLQ", "maybe", "true or false"},
+		{"RECONCILE_FULL_INTERVAL", "-1h", "must not be negative"},
+		{"RECONCILE_DATABASE_URL", "standby:5432", "RECONCILE_DATABASE_URL"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Setenv(tt.name, tt.value)
@@ -167,5 +170,49 @@ func TestPeriodicReconcileReadsNoDLQItCannotCheckQuietly(t *testing.T) {
 	case <-dials:
 	case <-time.After(10 * time.Second):
 		t.Errorf("the reconcile command did not try the broker")
+	}
+}
+
+// A periodic pass's report says it is one, from which cut-off, and since
+// when each finding has been reported; a full pass's names the accounts
+// whose transfers changed since the checkpoint, which count as a finding.
+func TestReconcileReportOfEachPass(t *testing.T) {
+	at := time.Date(2026, 12, 1, 7, 0, 0, 0, time.UTC)
+	cut, seen := at.Add(-time.Hour), at.Add(-3*time.Hour)
+	actual := int64(9)
+	periodic := reconcileReport{
+		Reconciliation: db.Reconciliation{Ran: true, Recorded: true, At: at, Transfers: 12, Accounts: 30,
+			Checkpoint: db.Checkpoint{Present: true, WrittenAt: &cut},
+			Drift:      []db.Drift{{Account: "acc_q", Expected: 10, Actual: &actual, Difference: -1, FirstSeen: &seen}}, DriftCount: 1},
+		Window: time.Hour, After: time.Hour, InboxTTL: 720 * time.Hour, DeadLetters: deadLetters{Error: "not read: --skip-dlq"},
+	}
+	var text bytes.Buffer
+	printReconcile(&text, periodic)
+	for _, want := range []string{"periodic pass", "12 transfers created or failed since the checkpoint", "30 accounts compared",
+		"from its cut-off of 2026-12-01T06:00:00Z", "FIRST SEEN", "2026-12-01T04:00:00Z", "acc_q"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("the periodic report lacks %q:\n%s", want, text.String())
+		}
+	}
+	checkpoint := int64(100)
+	full := reconcileReport{
+		Reconciliation: db.Reconciliation{Ran: true, Full: true, At: at,
+			Checkpoint: db.Checkpoint{Present: true, Compared: true, WrittenAt: &cut},
+			Changed:    []db.Changed{{Account: "acc_r", Transfers: 90, Checkpoint: &checkpoint, Difference: 10}}, ChangedCount: 1},
+		DeadLetters: deadLetters{Error: "not read: --skip-dlq"},
+	}
+	if n := full.findings(); n != 1 {
+		t.Errorf("%d kinds of finding, want 1 (transfers changed)", n)
+	}
+	text.Reset()
+	printReconcile(&text, full)
+	for _, want := range []string{"full pass", "1 account(s) whose transfers changed since its cut-off", "acc_r", "+10",
+		"found: transfers changed (exit status 3)"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("the full report lacks %q:\n%s", want, text.String())
+		}
+	}
+	if strings.Contains(text.String(), "FIRST SEEN") {
+		t.Errorf("a pass that wrote nothing down says since when:\n%s", text.String())
 	}
 }

@@ -57,6 +57,8 @@ type Config struct {
 	ReconcileEvery   time.Duration `envconfig:"RECONCILE_INTERVAL" default:"1h" desc:"how often the service reconciles balances with transfers and looks for duplicate intents and stuck transitions (one replica at a time, adr/0007); 0 never"`
 	ReconcileWindow  time.Duration `envconfig:"RECONCILE_WINDOW" default:"1h" desc:"two creations of one intent (same accounts, amount, currency) under different transferIds at most this far apart are a suspected duplicate"`
 	PendingAfter     time.Duration `envconfig:"RECONCILE_PENDING_AFTER" default:"1h" desc:"a transition waiting for its creation longer than this is reported"`
+	ReconcileFull    time.Duration `envconfig:"RECONCILE_FULL_INTERVAL" default:"168h" desc:"how often a full reconciliation sums every transfer ever made; the periodic ones between add what arrived since the last (adr/0007); 0: only when the checkpoint cannot be trusted"`
+	ReconcileDBURL   string        `envconfig:"RECONCILE_DATABASE_URL" desc:"a standby of the database where the scheduled full reconciliation reads, so that the primary does not pay for it (it writes what it found on the primary); empty: on DATABASE_URL"`
 	ReconcileDLQ     bool          `envconfig:"RECONCILE_DLQ" default:"false" desc:"the periodic reconciliation also counts dead letters older than INBOX_TTL (needs read on PREFIX.dlq, as dlq list)"`
 	JournalStream    string        `envconfig:"JOURNAL_STREAM" desc:"name of a RabbitMQ stream in which the service journals every event before its ack, so that what a database loses after the ack (a failover to a standby that was behind, a point-in-time restore) is applied again from it (adr/0014); empty: no journal"`
 	JournalMaxAge    string        `envconfig:"JOURNAL_MAX_AGE" default:"7D" desc:"the journal stream's x-max-age (a number and Y, M, D, h, m or s): it must cover the furthest back a restore can go"`
@@ -129,6 +131,9 @@ func (c Config) validate() error {
 	if _, err := c.Database(); err != nil {
 		return fmt.Errorf("configuration: %w", err)
 	}
+	if _, err := c.ReconcileDatabase(); err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
 	if _, err := c.management(); err != nil {
 		return fmt.Errorf("configuration: %w", err)
 	}
@@ -167,6 +172,10 @@ func (c Config) validate() error {
 		return bad("RECONCILE_WINDOW", "must be positive, got %s", c.ReconcileWindow)
 	case c.PendingAfter <= 0:
 		return bad("RECONCILE_PENDING_AFTER", "must be positive, got %s", c.PendingAfter)
+	case c.ReconcileFull < 0:
+		return bad("RECONCILE_FULL_INTERVAL", "must not be negative (0: only when the checkpoint cannot be trusted), got %s", c.ReconcileFull)
+	case c.ReconcileFull > 0 && c.ReconcileFull < c.ReconcileEvery:
+		return bad("RECONCILE_FULL_INTERVAL", "must not be shorter than RECONCILE_INTERVAL (%s), got %s", c.ReconcileEvery, c.ReconcileFull)
 	case c.DBMaxConns < 0:
 		return bad("DB_MAX_CONNS", "must not be negative, got %d", c.DBMaxConns)
 	case c.BatchMax < 1 || c.BatchMax > maxBatch:

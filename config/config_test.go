@@ -77,6 +77,10 @@ func TestConfigLimitsAtTheirBoundary(t *testing.T) {
 		{"RECONCILE_INTERVAL", map[string]string{"RECONCILE_INTERVAL": "0s"}, map[string]string{"RECONCILE_INTERVAL": "-1ns"}},
 		{"RECONCILE_WINDOW", map[string]string{"RECONCILE_WINDOW": "1ns"}, map[string]string{"RECONCILE_WINDOW": "0s"}},
 		{"RECONCILE_PENDING_AFTER", map[string]string{"RECONCILE_PENDING_AFTER": "1ns"}, map[string]string{"RECONCILE_PENDING_AFTER": "0s"}},
+		{"RECONCILE_FULL_INTERVAL", map[string]string{"RECONCILE_FULL_INTERVAL": "0s"}, map[string]string{"RECONCILE_FULL_INTERVAL": "-1ns"}},
+		{"RECONCILE_FULL_INTERVAL", map[string]string{"RECONCILE_FULL_INTERVAL": "1h"}, map[string]string{"RECONCILE_FULL_INTERVAL": "59m59s"}},
+		{"RECONCILE_DATABASE_URL", map[string]string{"RECONCILE_DATABASE_URL": "postgres://u@standby:5432/transfers"},
+			map[string]string{"RECONCILE_DATABASE_URL": "mysql://u@standby/transfers"}},
 		{"DB_MAX_CONNS", map[string]string{"DB_MAX_CONNS": "0"}, map[string]string{"DB_MAX_CONNS": "-1"}},
 		{"BATCH_MAX", map[string]string{"BATCH_MAX": "1"}, map[string]string{"BATCH_MAX": "0"}},
 		{"BATCH_MAX", map[string]string{"BATCH_MAX": "500"}, map[string]string{"BATCH_MAX": "501"}},
@@ -91,7 +95,7 @@ func TestConfigLimitsAtTheirBoundary(t *testing.T) {
 				for _, k := range []string{"QUEUE_COUNT", "DELIVERY_LIMIT", "REPLICA_INDEX", "REPLICA_COUNT", "SHUTDOWN_TIMEOUT",
 					"APPLY_TIMEOUT", "RETRY_MIN", "RETRY_MAX", "RECONNECT_MIN", "RECONNECT_MAX", "INBOX_TTL",
 					"PRUNE_INTERVAL", "PRUNE_BATCH", "RECONCILE_INTERVAL", "RECONCILE_WINDOW", "RECONCILE_PENDING_AFTER",
-					"DB_MAX_CONNS", "BATCH_MAX", "MAX_BODY_BYTES", "BATCH_LINGER"} {
+					"RECONCILE_FULL_INTERVAL", "RECONCILE_DATABASE_URL", "DB_MAX_CONNS", "BATCH_MAX", "MAX_BODY_BYTES", "BATCH_LINGER"} {
 					t.Setenv(k, "")
 					os.Unsetenv(k)
 				}

@@ -116,6 +116,9 @@ func (c Config) Summary() []any {
 	if !c.DeclareTopology {
 		attrs = append(attrs, "declare_topology", false)
 	}
+	if c.ReconcileDBURL != "" {
+		attrs = append(attrs, "reconcile_database_url", Redact(c.ReconcileDBURL))
+	}
 	return attrs
 }
 

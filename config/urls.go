@@ -74,17 +74,33 @@ func (c Config) Database() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	// Either of libpq's forms, one host or several (db.ParseDSN).
+	return postgresURL(setting, name, c.DatabaseURLFile)
+}
+
+// ReconcileDatabase returns RECONCILE_DATABASE_URL, checked as
+// DATABASE_URL is, or "" when it is unset: the full reconciliation then
+// reads DATABASE_URL's database.
+func (c Config) ReconcileDatabase() (string, error) {
+	if c.ReconcileDBURL == "" {
+		return "", nil
+	}
+	return postgresURL(c.ReconcileDBURL, "RECONCILE_DATABASE_URL", "")
+}
+
+// postgresURL checks that setting, named name (read from file, when not
+// ""), is a PostgreSQL URL or connection string, in either of libpq's
+// forms, with one host or several (db.ParseDSN).
+func postgresURL(setting, name, file string) (string, error) {
 	dsn, err := db.ParseDSN(setting)
 	switch {
 	case errors.Is(err, db.ErrNotPostgres), err == nil && dsn.IsURI() && len(dsn.Hosts()) == 0:
 		got := "the file holds something else"
-		if c.DatabaseURLFile == "" {
+		if file == "" {
 			got = fmt.Sprintf("got %q", Redact(setting))
 		}
 		return "", fmt.Errorf("%s: want postgres://user@host:port/database?sslmode=…, %s", name, got)
 	case err != nil && (strings.Contains(setting, "://") || !strings.Contains(setting, "=")):
-		return "", fmt.Errorf("%s: not a URL (%s)", name, urlProblem(err, quotable(setting, c.DatabaseURLFile)))
+		return "", fmt.Errorf("%s: not a URL (%s)", name, urlProblem(err, quotable(setting, file)))
 	case err != nil:
 		return "", fmt.Errorf("%s: not a connection string (%v)", name, err) // ParseDSN's quote no value
 	}

@@ -4,13 +4,14 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/jmoiron/sqlx"
 )
 
 // reconcileLock is the advisory lock key that lets one replica at a time
-// run the periodic reconciliation.
+// run the periodic reconciliation, and write what it found.
 const reconcileLock = 7_301_004
 
 // ReconcileOptions say what Reconcile looks for.
@@ -32,10 +33,21 @@ type ReconcileOptions struct {
 
 // Reconciliation is what one snapshot of the database showed.
 type Reconciliation struct {
-	Ran       bool      // false when Exclusive found another run holding the lock
-	At        time.Time // the snapshot's time, the database's clock
-	Transfers int64     // transfer rows read
-	Accounts  int64     // balance rows read
+	Ran bool // false when Exclusive found another run holding the lock
+	// Full: every transfer was summed. Otherwise the periodic pass added
+	// the transfers since the checkpoint's cut-off (adr/0007).
+	Full bool
+	// Recorded: the pass wrote the checkpoint and its findings, which are
+	// then every finding not yet resolved, whichever pass found it.
+	Recorded bool
+	At       time.Time // the snapshot's time, the database's clock
+	// Full pass: the transfer and balance rows read. Periodic pass: the
+	// transfers created or failed since the cut-off, and the accounts
+	// compared.
+	Transfers int64
+	Accounts  int64
+
+	Checkpoint Checkpoint
 
 	Drift      []Drift // in account order, at most Limit
 	DriftCount int
@@ -43,6 +55,50 @@ type Reconciliation struct {
 	DupCount   int
 	Waiting    []Waiting // oldest first, at most Limit
 	WaitCount  int
+	// Full pass: the accounts whose transfers no longer sum to what the
+	// checkpoint and the transfers since its cut-off say.
+	Changed      []Changed // in account order, at most Limit
+	ChangedCount int
+	// Recorded: when the oldest finding still reported was first seen,
+	// nil when there is none.
+	OldestFinding *time.Time
+}
+
+// Checkpoint is what a pass made of the checkpoint it found.
+type Checkpoint struct {
+	Present bool `json:"present"`
+	// WrittenAt is when the pass that wrote it ran: its cut-off.
+	WrittenAt *time.Time `json:"written_at,omitempty"`
+	// Broken says why the checkpoint means nothing in this database (its
+	// transaction ids are another history's); Distrusted why it is made
+	// anew though comparable. Both empty: the periodic pass starts from
+	// it.
+	Broken     string `json:"broken,omitempty"`
+	Distrusted string `json:"distrusted,omitempty"`
+	// Compared: the full pass compared the transfers with it (Changed).
+	Compared bool `json:"compared"`
+	// Rebuilt: this pass made it anew.
+	Rebuilt bool `json:"rebuilt"`
+	// RebuiltAt and FullAt: when it was last made anew, and when the last
+	// full pass before this one ended, on whichever server it read.
+	RebuiltAt *time.Time `json:"rebuilt_at,omitempty"`
+	FullAt    *time.Time `json:"last_full_at,omitempty"`
+
+	cutoff     *string // the snapshot, as text
+	cutoffXmin *int64
+	sweptTo    string
+}
+
+// trusted reports whether the periodic pass may start from c.
+func (c Checkpoint) trusted() bool { return c.Present && c.Broken == "" && c.Distrusted == "" }
+
+// comparable returns the cut-off and its xmin to compare the transfers
+// with, both nil when c means nothing here.
+func (c Checkpoint) comparable() (*string, *int64) {
+	if !c.Present || c.Broken != "" {
+		return nil, nil
+	}
+	return c.cutoff, c.cutoffXmin
 }
 
 // Drift is an account whose balance is not the net of its transfers.
@@ -50,35 +106,50 @@ type Drift struct {
 	Account  string `json:"account" db:"account"`
 	Expected int64  `json:"expected" db:"expected"`
 	// Actual is nil when the account has transfers but no balance row.
-	Actual     *int64 `json:"actual" db:"actual"`
-	Difference int64  `json:"difference" db:"difference"` // actual (0 without a row) − expected
+	Actual     *int64     `json:"actual" db:"actual"`
+	Difference int64      `json:"difference" db:"difference"` // actual (0 without a row) − expected
+	FirstSeen  *time.Time `json:"first_seen,omitempty" db:"-"`
 }
 
 // Duplicate is a creation that repeats an earlier one's intent.
 type Duplicate struct {
-	From      string    `json:"from_account" db:"from_account"`
-	To        string    `json:"to_account" db:"to_account"`
-	Amount    int64     `json:"amount_minor" db:"amount_minor"`
-	Currency  string    `json:"currency" db:"currency"`
-	Transfer  string    `json:"transfer_id" db:"transfer_id"`
-	CreatedAt time.Time `json:"created_at" db:"created_at"`
-	Earlier   string    `json:"earlier_transfer_id" db:"earlier_transfer_id"`
-	EarlierAt time.Time `json:"earlier_created_at" db:"earlier_created_at"`
+	From      string     `json:"from_account" db:"from_account"`
+	To        string     `json:"to_account" db:"to_account"`
+	Amount    int64      `json:"amount_minor" db:"amount_minor"`
+	Currency  string     `json:"currency" db:"currency"`
+	Transfer  string     `json:"transfer_id" db:"transfer_id"`
+	CreatedAt time.Time  `json:"created_at" db:"created_at"`
+	Earlier   string     `json:"earlier_transfer_id" db:"earlier_transfer_id"`
+	EarlierAt time.Time  `json:"earlier_created_at" db:"earlier_created_at"`
+	FirstSeen *time.Time `json:"first_seen,omitempty" db:"-"`
 }
 
 // Waiting is a transition that has waited for its creation too long.
 type Waiting struct {
-	Transfer   string    `json:"transfer_id" db:"transfer_id"`
-	EventID    string    `json:"event_id" db:"event_id"`
-	EventType  string    `json:"event_type" db:"event_type"`
-	From       string    `json:"from_account" db:"from_account"`
-	To         string    `json:"to_account" db:"to_account"`
-	Amount     int64     `json:"amount_minor" db:"amount_minor"`
-	Currency   string    `json:"currency" db:"currency"`
-	ReceivedAt time.Time `json:"received_at" db:"received_at"`
+	Transfer   string     `json:"transfer_id" db:"transfer_id"`
+	EventID    string     `json:"event_id" db:"event_id"`
+	EventType  string     `json:"event_type" db:"event_type"`
+	From       string     `json:"from_account" db:"from_account"`
+	To         string     `json:"to_account" db:"to_account"`
+	Amount     int64      `json:"amount_minor" db:"amount_minor"`
+	Currency   string     `json:"currency" db:"currency"`
+	ReceivedAt time.Time  `json:"received_at" db:"received_at"`
+	FirstSeen  *time.Time `json:"first_seen,omitempty" db:"-"`
 }
 
-// repeatableReadOnly is the reconciliation's transaction: one snapshot for
+// Changed is an account whose transfers no longer sum to what the
+// checkpoint and the transfers since its cut-off say: a transfer the
+// checkpoint counted was changed or deleted behind the service's back.
+type Changed struct {
+	Account   string `json:"account"`
+	Transfers int64  `json:"transfers"` // the net of its transfers now
+	// Checkpoint is what the checkpoint and the transfers since say, nil
+	// when neither knows the account.
+	Checkpoint *int64 `json:"checkpoint"`
+	Difference int64  `json:"difference"` // Checkpoint (0 when nil) − Transfers
+}
+
+// repeatableReadOnly is the full pass's transaction: one snapshot for
 // every query, so that a balance and the transfers that made it are read
 // as of the same commit, whatever the consumers apply meanwhile, and
 // nothing written. Its plain SELECTs take no lock that apply_event or
@@ -86,40 +157,36 @@ type Waiting struct {
 // inbox's key, none of which a read takes).
 var repeatableReadOnly = &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true}
 
-// Reconcile reads the database in one REPEATABLE READ READ ONLY
-// transaction and reports every balance that is not the net of its
-// transfers, the suspected duplicate intents and the transitions waiting
-// too long (adr/0007). It changes nothing. Its errors are the database's,
-// classified as everywhere (a lost connection or a timeout is transient);
-// it retries nothing.
+// Reconcile is the full pass: it reads the database in one REPEATABLE
+// READ READ ONLY transaction and reports every balance that is not the net
+// of its transfers, every account whose transfers no longer sum to what
+// the checkpoint says, the suspected duplicate intents and the transitions
+// waiting too long (adr/0007). It changes nothing, so it runs on a standby
+// too. Its errors are the database's, classified as everywhere (a lost
+// connection or a timeout is transient); it retries nothing.
 func Reconcile(ctx context.Context, db *sqlx.DB, o ReconcileOptions) (Reconciliation, error) {
-	var r Reconciliation
+	r := Reconciliation{Full: true}
 	tx, err := db.BeginTxx(ctx, repeatableReadOnly)
 	if err != nil {
 		return r, fmt.Errorf("reconcile: begin: %w", translate(err))
 	}
 	defer tx.Rollback() // read only: nothing to commit
-	if o.Exclusive {
-		if err := tx.GetContext(ctx, &r.Ran, `SELECT pg_try_advisory_xact_lock($1)`, reconcileLock); err != nil || !r.Ran {
-			return r, translateIn("take the reconcile lock", err)
-		}
+	if r.Ran, err = begin(ctx, tx, o.Exclusive); err != nil || !r.Ran {
+		return r, err
 	}
-	r.Ran = true
-	// One core of the server, as a consumer's transaction has: a parallel
-	// scan would take the consumers' CPU for a pass that has no hurry.
-	// JIT compiles for longer than these queries run (BENCHMARKS.md).
-	if _, err := tx.ExecContext(ctx, `SET LOCAL max_parallel_workers_per_gather = 0; SET LOCAL jit = off`); err != nil {
-		return r, translateIn("settings", err)
+	if r.Checkpoint, err = readCheckpoint(ctx, tx); err != nil {
+		return r, err
 	}
-	if err := tx.QueryRowxContext(ctx, `SELECT now(), (SELECT count(*) FROM transfer), (SELECT count(*) FROM balance_projection)`).
-		Scan(&r.At, &r.Transfers, &r.Accounts); err != nil {
-		return r, translateIn("count", err)
+	if err := countAll(ctx, tx, &r); err != nil {
+		return r, err
 	}
-	var drift []driftRow
-	if err := tx.SelectContext(ctx, &drift, driftQuery, o.Limit); err != nil {
+	cut, xmin := r.Checkpoint.comparable()
+	r.Checkpoint.Compared = cut != nil
+	var rows []fullRow
+	if err := tx.SelectContext(ctx, &rows, fullQuery, o.Limit, cut, xmin, false); err != nil {
 		return r, translateIn("balances", err)
 	}
-	r.Drift, r.DriftCount = firstOf(drift, o.Limit)
+	r.Drift, r.DriftCount, r.Changed, r.ChangedCount = splitFull(rows, o.Limit)
 	var dups []duplicateRow
 	if err := tx.SelectContext(ctx, &dups, duplicateQuery, o.Limit, interval(o.Window)); err != nil {
 		return r, translateIn("duplicate intents", err)
@@ -131,6 +198,58 @@ func Reconcile(ctx context.Context, db *sqlx.DB, o ReconcileOptions) (Reconcilia
 	}
 	r.Waiting, r.WaitCount = firstOf(waiting, o.Limit)
 	return r, nil
+}
+
+// begin takes the reconciliation's lock when exclusive, reporting whether
+// the pass may run, and sets the pass's transaction to one server core
+// without JIT: a parallel scan would take the consumers' CPU for a pass
+// that has no hurry, and JIT compiles for longer than these queries run
+// (BENCHMARKS.md).
+func begin(ctx context.Context, tx *sqlx.Tx, exclusive bool) (bool, error) {
+	if exclusive {
+		var got bool
+		if err := tx.GetContext(ctx, &got, `SELECT pg_try_advisory_xact_lock($1)`, reconcileLock); err != nil || !got {
+			return false, translateIn("take the reconcile lock", err)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `SET LOCAL max_parallel_workers_per_gather = 0; SET LOCAL jit = off`); err != nil {
+		return false, translateIn("settings", err)
+	}
+	return true, nil
+}
+
+// countAll reads the snapshot's time and counts the transfer and balance
+// rows.
+func countAll(ctx context.Context, tx *sqlx.Tx, r *Reconciliation) error {
+	err := tx.QueryRowxContext(ctx, `SELECT now(), (SELECT count(*) FROM transfer), (SELECT count(*) FROM balance_projection)`).
+		Scan(&r.At, &r.Transfers, &r.Accounts)
+	return translateIn("count", err)
+}
+
+// readCheckpoint reads the checkpoint and judges it (checkpointQuery).
+func readCheckpoint(ctx context.Context, tx *sqlx.Tx) (Checkpoint, error) {
+	var row struct {
+		Cutoff     *string    `db:"cutoff"`
+		WrittenAt  *time.Time `db:"written_at"`
+		RebuiltAt  *time.Time `db:"rebuilt_at"`
+		FullAt     *time.Time `db:"full_at"`
+		SweptTo    string     `db:"swept_to"`
+		Xmin       *int64     `db:"cutoff_xmin"`
+		Broken     *string    `db:"broken"`
+		Distrusted *string    `db:"distrusted"`
+	}
+	if err := tx.GetContext(ctx, &row, checkpointQuery); err != nil {
+		return Checkpoint{}, translateIn("read the checkpoint", err)
+	}
+	c := Checkpoint{Present: row.Cutoff != nil, WrittenAt: row.WrittenAt, RebuiltAt: row.RebuiltAt, FullAt: row.FullAt,
+		cutoff: row.Cutoff, cutoffXmin: row.Xmin, sweptTo: row.SweptTo}
+	if row.Broken != nil {
+		c.Broken = *row.Broken
+	}
+	if row.Distrusted != nil {
+		c.Distrusted = *row.Distrusted
+	}
+	return c, nil
 }
 
 func translateIn(what string, err error) error {
@@ -146,10 +265,6 @@ func interval(d time.Duration) string { return fmt.Sprintf("%d microseconds", d.
 // in all (count(*) OVER ()). The queries return at least one row when
 // there is any, whatever the limit, so that the count is known.
 type (
-	driftRow struct {
-		Drift
-		Total int `db:"total"`
-	}
 	duplicateRow struct {
 		Duplicate
 		Total int `db:"total"`
@@ -158,11 +273,41 @@ type (
 		Waiting
 		Total int `db:"total"`
 	}
+	// fullRow is a row of fullQuery: a drift, a changed account or a net.
+	fullRow struct {
+		Kind       string `db:"kind"`
+		Account    string `db:"account"`
+		Expected   int64  `db:"expected"`
+		Actual     *int64 `db:"actual"`
+		Difference int64  `db:"difference"`
+		Total      int    `db:"total"`
+	}
 )
 
-func (r driftRow) split() (Drift, int)         { return r.Drift, r.Total }
 func (r duplicateRow) split() (Duplicate, int) { return r.Duplicate, r.Total }
 func (r waitingRow) split() (Waiting, int)     { return r.Waiting, r.Total }
+
+// splitFull returns the first limit drifts and changed accounts of rows,
+// and the totals of each.
+func splitFull(rows []fullRow, limit int) (drift []Drift, driftCount int, changed []Changed, changedCount int) {
+	for _, row := range rows {
+		switch row.Kind {
+		case "drift":
+			driftCount = row.Total
+			if len(drift) < limit {
+				drift = append(drift, Drift{Account: row.Account, Expected: row.Expected, Actual: row.Actual, Difference: row.Difference})
+			}
+		case "changed":
+			changedCount = row.Total
+			if len(changed) < limit {
+				changed = append(changed, Changed{Account: row.Account, Transfers: row.Expected, Checkpoint: row.Actual, Difference: row.Difference})
+			}
+		}
+	}
+	sort.Slice(drift, func(i, j int) bool { return drift[i].Account < drift[j].Account })
+	sort.Slice(changed, func(i, j int) bool { return changed[i].Account < changed[j].Account })
+	return drift, driftCount, changed, changedCount
+}
 
 // firstOf returns the first limit findings of rows, and their total.
 func firstOf[T any, R interface{ split() (T, int) }](rows []R, limit int) ([]T, int) {

@@ -1,35 +1,101 @@
 package db
 
-// The reconciliation's queries (adr/0007). Each returns its findings with
-// their total count, at most $1 of them but at least one when there is any.
+import "fmt"
 
-// driftQuery compares every balance with the net of its transfers. A
-// creation moves amount_minor from from_account to to_account and a
-// completion moves nothing; a failure gives the amount back, so a failed
-// transfer nets to zero. A transition still waiting for its creation has
-// moved nothing either (it is applied in the creation's transaction), so
-// the transfer table alone says what every balance must be. An account
-// with transfers but no balance row is drift whatever its net, since the
-// creation makes the row; a balance row without transfers must be zero
-// (apply_batch makes the rows of a batch's accounts before its effects,
-// so a transition that waits leaves zero rows behind).
-const driftQuery = `
-WITH moved AS (
-    SELECT from_account AS account, CASE WHEN state = 'failed' THEN 0 ELSE -amount_minor END AS delta FROM transfer
+// The full pass's queries (adr/0007). Each returns its findings with their
+// total count, at most $1 of them but at least one when there is any.
+
+// movedSQL turns each row of the relation %s (transfer, or the transfers
+// that changed since a cut-off, sinceCutSQL) into what it moved on each of
+// its two accounts. A creation moves amount_minor from from_account to
+// to_account and a completion moves nothing; a failure gives the amount
+// back, so a failed transfer nets to zero. A row of sinceCutSQL that is a
+// failure alone (created false: the creation is in the checkpoint, which
+// counted its amount) gives the amount back. A transition still waiting for
+// its creation has moved nothing either (it is applied in the creation's
+// transaction), so the transfer table alone says what every balance must
+// be.
+const movedSQL = `
+    SELECT from_account AS account,
+           CASE WHEN NOT created THEN amount_minor WHEN state = 'failed' THEN 0 ELSE -amount_minor END AS delta
+    FROM %[1]s
     UNION ALL
-    SELECT to_account, CASE WHEN state = 'failed' THEN 0 ELSE amount_minor END FROM transfer
-), net AS (
-    SELECT account, sum(delta) AS expected FROM moved GROUP BY account
+    SELECT to_account,
+           CASE WHEN NOT created THEN -amount_minor WHEN state = 'failed' THEN 0 ELSE amount_minor END
+    FROM %[1]s`
+
+// sinceCutSQL selects the transfers whose creation, or whose failure,
+// committed after the cut-off: the transactions a snapshot (%[1]s, a
+// pg_snapshot) does not see, whose ids are at least its xmin (%[2]s, as a
+// number). created says which: a row created after the cut-off is one
+// (whatever happened to it since); a failure after it, of a transfer
+// created before, is the other (its row in transfer_failure holds what
+// the pass needs of the transfer, so that the transfer's own row, anywhere
+// in the history, is not read). Both are found by their BRIN indexes: only
+// the page ranges written since the cut-off are read. A transfer made
+// before migration 0016 has no created_xid, and is in every checkpoint.
+const sinceCutSQL = `
+    SELECT t.transfer_id, t.from_account, t.to_account, t.amount_minor, t.currency, t.state, t.created_at,
+           t.created_xid, true AS created
+    FROM transfer t
+    WHERE t.created_xid >= %[2]s AND NOT pg_visible_in_snapshot(t.created_xid::text::xid8, %[1]s)
+    UNION ALL
+    SELECT f.transfer_id, f.from_account, f.to_account, f.amount_minor, NULL, 'failed', NULL,
+           f.created_xid, false
+    FROM transfer_failure f
+    WHERE f.failed_xid >= %[2]s AND NOT pg_visible_in_snapshot(f.failed_xid::text::xid8, %[1]s)
+      AND (f.created_xid IS NULL OR pg_visible_in_snapshot(f.created_xid::text::xid8, %[1]s))`
+
+// fullQuery compares every balance with the net of its transfers, and,
+// with a checkpoint to compare ($2, its cut-off, and $3, that cut-off's
+// xmin; both NULL for none), that net with what the checkpoint and the
+// transfers since its cut-off say: the two differ only where a transfer
+// the checkpoint counted was changed or removed behind the service's back
+// (kind changed). With $4 it returns every account's net too (kind net),
+// from which the checkpoint is made anew.
+//
+// A balance (kind drift): an account with transfers but no balance row is
+// drift whatever its net, since the creation makes the row; a balance row
+// without transfers must be zero (apply_batch makes the rows of a batch's
+// accounts before its effects, so a transition that waits leaves zero rows
+// behind).
+//
+// For drift and changed, expected is the net of the account's transfers;
+// actual is the balance (drift) or what the checkpoint and the transfers
+// since say (changed), NULL when there is no row; difference is actual
+// (0 without a row) − expected.
+var fullQuery = `
+WITH all_rows AS (
+    SELECT from_account, to_account, amount_minor, state, true AS created FROM transfer
+), moved AS (` + fmt.Sprintf(movedSQL, "all_rows") + `
+), net AS MATERIALIZED (
+    SELECT account, sum(delta)::bigint AS expected FROM moved GROUP BY account
+), since AS (` + fmt.Sprintf(sinceCutSQL, "$2::pg_snapshot", "$3::bigint") + `
+), since_moved AS (` + fmt.Sprintf(movedSQL, "since") + `
+), delta AS (
+    SELECT account, sum(delta)::bigint AS delta FROM since_moved GROUP BY account
+), found AS (
+    SELECT 'drift' AS kind, coalesce(n.account, b.account) AS account, coalesce(n.expected, 0) AS expected,
+           b.balance_minor AS actual, coalesce(b.balance_minor, 0) - coalesce(n.expected, 0) AS difference
+    FROM net n FULL JOIN balance_projection b ON b.account = n.account
+    WHERE b.account IS NULL OR b.balance_minor <> coalesce(n.expected, 0)
+    UNION ALL
+    SELECT 'changed', coalesce(n.account, c.account), coalesce(n.expected, 0),
+           CASE WHEN c.account IS NULL AND d.account IS NULL THEN NULL ELSE coalesce(c.net_minor, 0) + coalesce(d.delta, 0) END,
+           coalesce(c.net_minor, 0) + coalesce(d.delta, 0) - coalesce(n.expected, 0)
+    FROM net n
+    FULL JOIN (SELECT * FROM reconcile_checkpoint_net WHERE $2::pg_snapshot IS NOT NULL) c ON c.account = n.account
+    LEFT JOIN delta d ON d.account = coalesce(n.account, c.account)
+    WHERE $2::pg_snapshot IS NOT NULL
+      AND (n.account IS NULL OR (c.account IS NULL AND d.account IS NULL)
+           OR n.expected <> coalesce(c.net_minor, 0) + coalesce(d.delta, 0))
+), numbered AS (
+    SELECT *, count(*) OVER (PARTITION BY kind) AS total, row_number() OVER (PARTITION BY kind ORDER BY account) AS n
+    FROM found
 )
-SELECT coalesce(n.account, b.account) AS account,
-       coalesce(n.expected, 0)::bigint AS expected,
-       b.balance_minor AS actual,
-       (coalesce(b.balance_minor, 0) - coalesce(n.expected, 0))::bigint AS difference,
-       count(*) OVER () AS total
-FROM net n FULL JOIN balance_projection b ON b.account = n.account
-WHERE b.account IS NULL OR b.balance_minor <> coalesce(n.expected, 0)
-ORDER BY 1
-LIMIT greatest($1::int, 1)`
+SELECT kind, account, expected, actual, difference::bigint, total FROM numbered WHERE n <= greatest($1::int, 1)
+UNION ALL
+SELECT 'net', account, expected, NULL, 0, 0 FROM net WHERE $4::bool`
 
 // duplicateQuery finds creations that repeat the intent of the one before
 // them (the same accounts, amount and currency, another transferId) within
@@ -44,6 +110,9 @@ LIMIT greatest($1::int, 1)`
 // transfers that did not fail. Every such pair is
 // found: between two creations at most the window apart, each creation of
 // the same intent follows the one before it by less.
+//
+// The periodic pass runs it over the transfers of the last window only
+// (recentDuplicateQuery).
 const duplicateQuery = `
 WITH candidate AS (
     SELECT DISTINCT from_account, to_account, amount_minor, currency
@@ -68,7 +137,9 @@ LIMIT greatest($1::int, 1)`
 
 // waitingQuery lists the transitions that have waited for their creation
 // longer than $2: the creation was lost, dead-lettered, or never
-// published.
+// published. pending_transition holds only the transitions waiting now
+// (the creation's transaction deletes its row), never the history: every
+// pass reads all of it.
 const waitingQuery = `
 SELECT transfer_id, event_id, event_type, from_account, to_account, amount_minor, currency, received_at,
        count(*) OVER () AS total

@@ -146,6 +146,14 @@ func TestCurrentSchemaNeedsNoPrivilegeBeyondData(t *testing.T) {
 	if logs.String() != "" {
 		t.Errorf("logged on a current schema:\n%s", logs.String())
 	}
+	// The reconciliation's passes, which write its tables and build their
+	// working sets in temporary tables, twice: the first makes the
+	// checkpoint, the second starts from it.
+	for i := range 2 {
+		if r, err := ReconcilePeriodic(context.Background(), svc, periodic); err != nil || !r.Recorded || r.Full != (i == 0) {
+			t.Errorf("periodic pass %d as %s: recorded %v, full %v, %v", i+1, role, r.Recorded, r.Full, err)
+		}
+	}
 }
 
 // Grant gives the service's role what it needs, and the same on what a

@@ -10,6 +10,7 @@ import (
 // first run (and the dead letters' while the DLQ is not read).
 type reconcileGauges struct {
 	drift, duplicates, waiting, oldLetters, lastEnd, duration prometheus.Gauge
+	lastFull, fullEnd, oldestFinding                          prometheus.Gauge
 }
 
 func newReconcileGauges(ns string) (reconcileGauges, []prometheus.Collector) {
@@ -25,8 +26,13 @@ func newReconcileGauges(ns string) (reconcileGauges, []prometheus.Collector) {
 		oldLetters: gauge("old_dead_letters", "Dead letters older than INBOX_TTL or undated, at the last reconciliation; -1 when the DLQ was not read (RECONCILE_DLQ).", -1),
 		lastEnd:    gauge("last_run_end_seconds", "Unix time the last reconciliation of this instance ended; 0 before the first.", 0),
 		duration:   gauge("last_run_duration_seconds", "How long the last reconciliation of this instance took.", 0),
+		lastFull:   gauge("last_run_full", "1 when the last reconciliation of this instance was a full pass over every transfer, 0 when it was a periodic one from the checkpoint.", 0),
+		fullEnd: gauge("last_full_end_seconds", "Unix time the last full pass over every transfer ended, on whichever replica and server, as the database records it; "+
+			"time() minus it is how long ago a transfer changed by hand could last have been found; 0 before the first.", 0),
+		oldestFinding: gauge("oldest_finding_seconds", "Unix time the oldest finding still reported (a drift, a duplicate intent or a waiting transition: "+
+			"each is reported until a pass finds it resolved) was first seen; 0 when there is none.", 0),
 	}
-	return g, []prometheus.Collector{g.drift, g.duplicates, g.waiting, g.oldLetters, g.lastEnd, g.duration}
+	return g, []prometheus.Collector{g.drift, g.duplicates, g.waiting, g.oldLetters, g.lastEnd, g.duration, g.lastFull, g.fullEnd, g.oldestFinding}
 }
 
 // Reconciliation is what a periodic reconciliation found, for its series.
@@ -34,6 +40,9 @@ type Reconciliation struct {
 	Drift, Duplicates, Waiting int           // accounts in drift, duplicate intents, waiting transitions
 	OldLetters                 int           // dead letters older than INBOX_TTL or undated; -1 when the DLQ was not read
 	Took                       time.Duration // how long it took
+	Full                       bool          // a full pass
+	LastFull                   time.Time     // when the last full pass ended; zero before the first
+	OldestFinding              *time.Time    // when the oldest finding still reported was first seen; nil for none
 }
 
 // Reconciled sets the reconciliation's series to what the run that just
@@ -46,4 +55,17 @@ func (m *Metrics) Reconciled(r Reconciliation) {
 	g.oldLetters.Set(float64(r.OldLetters))
 	g.lastEnd.Set(float64(time.Now().UnixMilli()) / 1000)
 	g.duration.Set(r.Took.Seconds())
+	full, fullEnd, oldest := 0.0, 0.0, 0.0
+	if r.Full {
+		full = 1
+	}
+	if !r.LastFull.IsZero() {
+		fullEnd = float64(r.LastFull.UnixMilli()) / 1000
+	}
+	if r.OldestFinding != nil {
+		oldest = float64(r.OldestFinding.UnixMilli()) / 1000
+	}
+	g.lastFull.Set(full)
+	g.fullEnd.Set(fullEnd)
+	g.oldestFinding.Set(oldest)
 }

@@ -1,0 +1,208 @@
+package db
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// What the passes found, kept in reconcile_finding until a pass finds it
+// resolved (adr/0007, "Nothing found is lost between passes").
+
+// recordSQL writes a pass's findings (the working sets
+// reconcile_pass_drift, _duplicate and _waiting) into
+// reconcile_finding, keeping when each was first seen, and deletes those
+// the pass found resolved:
+//   - a drift, when its account was compared and is not in drift: every
+//     pass compares each account found in drift before;
+//   - a waiting transition, when it is no longer waiting: every pass
+//     reads all of pending_transition;
+//   - a duplicate intent, when a full pass did not find it, or (the
+//     periodic pass, which reads only the last window) when one of its two
+//     transfers failed or is gone, or a person dismissed it.
+const recordSQL = `
+DELETE FROM reconcile_finding f WHERE f.kind = 'drift'
+    AND NOT EXISTS (SELECT 1 FROM reconcile_pass_drift d WHERE d.account = f.subject);
+DELETE FROM reconcile_finding f WHERE f.kind = 'waiting'
+    AND NOT EXISTS (SELECT 1 FROM reconcile_pass_waiting w WHERE w.transfer_id::text = f.subject);
+%s;
+INSERT INTO reconcile_finding AS f (kind, subject, detail)
+SELECT 'drift', account, to_jsonb(d) FROM reconcile_pass_drift d
+UNION ALL
+SELECT 'duplicate', transfer_id::text, to_jsonb(d) - 'total' FROM reconcile_pass_duplicate d
+UNION ALL
+SELECT 'waiting', transfer_id::text, to_jsonb(w) - 'total' FROM reconcile_pass_waiting w
+ON CONFLICT (kind, subject) DO UPDATE SET detail = EXCLUDED.detail, last_seen = EXCLUDED.last_seen`
+
+const (
+	duplicatesNotFound = `DELETE FROM reconcile_finding f WHERE f.kind = 'duplicate'
+    AND NOT EXISTS (SELECT 1 FROM reconcile_pass_duplicate d WHERE d.transfer_id::text = f.subject)`
+	duplicatesResolved = `DELETE FROM reconcile_finding f WHERE f.kind = 'duplicate'
+    AND NOT EXISTS (SELECT 1 FROM transfer l JOIN transfer e ON e.transfer_id = (f.detail->>'earlier_transfer_id')::uuid
+                    WHERE l.transfer_id = f.subject::uuid AND l.state <> 'failed' AND e.state <> 'failed'
+                      AND NOT EXISTS (SELECT 1 FROM reconcile_dismissed x WHERE x.transfer_id = l.transfer_id))`
+)
+
+// record writes the findings of a pass, a full one or a periodic one.
+func record(ctx context.Context, tx *sqlx.Tx, full bool) error {
+	dups := duplicatesResolved
+	if full {
+		dups = duplicatesNotFound
+	}
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf(recordSQL, dups)); err != nil {
+		return translateIn("write the findings", err)
+	}
+	return nil
+}
+
+// findingsQuery reads the first $1 findings of each kind (at least one,
+// for the count), in the order a pass reports them, with their totals.
+const findingsQuery = `
+SELECT kind, detail, first_seen, total FROM (
+    SELECT kind, detail, first_seen, count(*) OVER (PARTITION BY kind) AS total,
+           row_number() OVER (PARTITION BY kind ORDER BY
+               CASE kind WHEN 'duplicate' THEN (detail->>'created_at')::timestamptz
+                         WHEN 'waiting' THEN (detail->>'received_at')::timestamptz END, subject) AS n
+    FROM reconcile_finding) f
+WHERE n <= greatest($1::int, 1)
+ORDER BY kind, n`
+
+// readFindings sets r's findings to those recorded, the first limit of
+// each kind.
+func readFindings(ctx context.Context, tx *sqlx.Tx, limit int, r *Reconciliation) error {
+	var rows []struct {
+		Kind      string    `db:"kind"`
+		Detail    []byte    `db:"detail"`
+		FirstSeen time.Time `db:"first_seen"`
+		Total     int       `db:"total"`
+	}
+	if err := tx.SelectContext(ctx, &rows, findingsQuery, limit); err != nil {
+		return translateIn("read the findings", err)
+	}
+	r.Drift, r.Duplicates, r.Waiting = nil, nil, nil
+	r.DriftCount, r.DupCount, r.WaitCount = 0, 0, 0
+	if err := tx.GetContext(ctx, &r.OldestFinding, `SELECT min(first_seen) FROM reconcile_finding`); err != nil {
+		return translateIn("read the findings", err)
+	}
+	for _, row := range rows {
+		seen := row.FirstSeen
+		var err error
+		switch row.Kind {
+		case "drift":
+			r.DriftCount = row.Total
+			if len(r.Drift) < limit {
+				var d Drift
+				err = json.Unmarshal(row.Detail, &d)
+				d.FirstSeen = &seen
+				r.Drift = append(r.Drift, d)
+			}
+		case "duplicate":
+			r.DupCount = row.Total
+			if len(r.Duplicates) < limit {
+				var d Duplicate
+				err = json.Unmarshal(row.Detail, &d)
+				d.FirstSeen = &seen
+				r.Duplicates = append(r.Duplicates, d)
+			}
+		case "waiting":
+			r.WaitCount = row.Total
+			if len(r.Waiting) < limit {
+				var w Waiting
+				err = json.Unmarshal(row.Detail, &w)
+				w.FirstSeen = &seen
+				r.Waiting = append(r.Waiting, w)
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("reconcile: read a %s finding: %w", row.Kind, err)
+		}
+	}
+	return nil
+}
+
+// ClaimFull claims the scheduled full pass for this replica to run on a
+// standby (RECONCILE_DATABASE_URL): it reports true when the last full
+// pass ended longer ago than every and no other replica's claim is
+// current, and claims it for bound. It writes on primary, under the
+// reconciliation's lock (false while another pass holds it).
+func ClaimFull(ctx context.Context, primary *sqlx.DB, every, bound time.Duration) (bool, error) {
+	tx, err := primary.BeginTxx(ctx, nil)
+	if err != nil {
+		return false, fmt.Errorf("reconcile: begin: %w", translate(err))
+	}
+	defer tx.Rollback()
+	if ok, err := begin(ctx, tx, true); err != nil || !ok {
+		return false, err
+	}
+	var claimed []bool
+	if err := tx.SelectContext(ctx, &claimed, `UPDATE reconcile_checkpoint SET full_claimed_until = now() + $2::interval
+		WHERE coalesce(full_claimed_until, '-infinity') < now() AND coalesce(full_at, '-infinity') <= now() - $1::interval
+		RETURNING true`, interval(every), interval(bound)); err != nil {
+		return false, translateIn("claim the full pass", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return false, fmt.Errorf("reconcile: commit: %w", translate(err))
+	}
+	return len(claimed) > 0, nil
+}
+
+// ReleaseFull gives up this replica's claim of the full pass (ClaimFull),
+// after a pass that failed, so that the next tick of any replica tries
+// again.
+func ReleaseFull(ctx context.Context, primary *sqlx.DB) error {
+	_, err := primary.ExecContext(ctx, `UPDATE reconcile_checkpoint SET full_claimed_until = NULL`)
+	return translateIn("release the full pass", err)
+}
+
+// RecordFull writes down on primary what the full pass r, read on a
+// standby, found: its findings (the first of each kind r holds), which
+// the periodic passes then report until they find them resolved; the
+// checkpoint marked to be made anew when the transfers no longer sum to
+// it (r.ChangedCount), unless the primary made it anew since; and the full
+// pass's time. It waits for a periodic pass under way to end.
+func RecordFull(ctx context.Context, primary *sqlx.DB, r Reconciliation) error {
+	tx, err := primary.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("reconcile: begin: %w", translate(err))
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, reconcileLock); err != nil {
+		return translateIn("take the reconcile lock", err)
+	}
+	for _, kind := range []struct {
+		name, subject string
+		items         any
+	}{{"drift", "account", r.Drift}, {"duplicate", "transfer_id", r.Duplicates}, {"waiting", "transfer_id", r.Waiting}} {
+		b, err := json.Marshal(kind.items)
+		if err != nil {
+			return err
+		}
+		if string(b) == "null" {
+			b = []byte("[]")
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO reconcile_finding AS f (kind, subject, detail)
+			SELECT $1, x->>$2, x FROM jsonb_array_elements($3::jsonb) x
+			ON CONFLICT (kind, subject) DO UPDATE SET detail = EXCLUDED.detail, last_seen = EXCLUDED.last_seen`,
+			kind.name, kind.subject, string(b)); err != nil {
+			return translateIn("write the findings", err)
+		}
+	}
+	if r.ChangedCount > 0 {
+		why := fmt.Sprintf("the full pass of %s found the transfers of %d account(s) changed since the checkpoint's cut-off",
+			r.At.UTC().Format(time.RFC3339), r.ChangedCount)
+		if _, err := tx.ExecContext(ctx, `UPDATE reconcile_checkpoint SET distrust = $1 WHERE rebuilt_at IS NOT DISTINCT FROM $2`,
+			why, r.Checkpoint.RebuiltAt); err != nil {
+			return translateIn("mark the checkpoint", err)
+		}
+	}
+	if _, err := tx.ExecContext(ctx, `UPDATE reconcile_checkpoint SET full_at = $1, full_claimed_until = NULL`, r.At); err != nil {
+		return translateIn("record the full pass", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("reconcile: commit: %w", translate(err))
+	}
+	return nil
+}
