@@ -170,7 +170,7 @@ func dlqCommand(cfg config.Config, a dlqArgs, stdin io.Reader, stdout, stderr io
 		return fmt.Errorf("dlq %s: %w", a.cmd, err)
 	}
 	if a.cmd == "list" {
-		s, seen, err := waitForSight(cfg, a.wait, func() (dlq.Summary, int, error) {
+		s, seen, err := readWholeDLQ(cfg, a.wait, func() (dlq.Summary, int, error) {
 			s, err := dlq.List(conn, cfg.Prefix, a.first)
 			return s, s.Total, err
 		})
@@ -178,13 +178,13 @@ func dlqCommand(cfg config.Config, a dlqArgs, stdin io.Reader, stdout, stderr io
 			return noDLQ(cfg, err)
 		}
 		printSummary(stdout, dlq.Queue(cfg.Prefix), s)
-		seen.note(stdout)
+		seen.printUnseen(stdout)
 		return nil
 	}
 	if !a.includeOld {
 		a.filter.FailedAfter = time.Now().Add(-cfg.InboxTTL)
 	}
-	before := lookAtDLQ(cfg, 0)
+	before := countDLQ(cfg, 0)
 	r, err := dlq.ReplayAs(conn, cfg.Prefix, a.filter, a.limit, a.dryRun, dlq.Custody{Replayers: strings.Split(cfg.Replayers, ",")})
 	err = noDLQ(cfg, err)
 	verb := "replayed"
@@ -213,7 +213,7 @@ func dlqCommand(cfg config.Config, a dlqArgs, stdin io.Reader, stdout, stderr io
 			strings.Join(counts, ", "), strings.Join(names, " or "))
 	}
 	printLetters(stdout, r.Replayed)
-	before.against(r.Depth).note(stdout)
+	before.againstScanned(r.Depth).printUnseen(stdout)
 	return err
 }
 

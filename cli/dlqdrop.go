@@ -48,7 +48,7 @@ func dropCommand(cfg config.Config, a dlqArgs, stdin io.Reader, stdout, stderr i
 		return fmt.Errorf("dlq drop: %w", err)
 	}
 
-	before := lookAtDLQ(cfg, 0)
+	before := countDLQ(cfg, 0)
 	limit := a.limit
 	if !a.dryRun && !a.yes {
 		preview, err := dlq.Drop(conn, cfg.Prefix, a.filter, a.limit, true, nil)
@@ -58,7 +58,7 @@ func dropCommand(cfg config.Config, a dlqArgs, stdin io.Reader, stdout, stderr i
 		if len(preview.Dropped) == 0 {
 			fmt.Fprintf(report, "scanned %d of the %d dead letter(s) the DLQ held at the start, none to drop\n",
 				preview.Scanned, preview.Depth)
-			before.against(preview.Depth).note(report)
+			before.againstScanned(preview.Depth).printUnseen(report)
 			return nil
 		}
 		printLetters(report, preview.Dropped)
@@ -86,7 +86,7 @@ func dropCommand(cfg config.Config, a dlqArgs, stdin io.Reader, stdout, stderr i
 		fmt.Fprintf(report, "each recorded in %s before it was removed\n", where)
 	}
 	printLetters(report, r.Dropped)
-	before.against(r.Depth).note(report)
+	before.againstScanned(r.Depth).printUnseen(report)
 	return err
 }
 

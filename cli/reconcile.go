@@ -65,10 +65,10 @@ const ExitUnseen = 4
 
 // unseenError is reconcile's answer when --require-dlq read only part of
 // the DLQ.
-type unseenError struct{ sight sight }
+type unseenError struct{ dlqCount dlqCount }
 
 func (e unseenError) Error() string {
-	return "reconcile: the dead-letter queue was not read whole (--require-dlq): " + e.sight.String()
+	return "reconcile: the dead-letter queue was not read whole (--require-dlq): " + e.dlqCount.String()
 }
 
 // Unseen reports whether err is reconcile's "the DLQ was not read whole":
@@ -169,13 +169,13 @@ type reconcileReport struct {
 
 // deadLetters is what reconcile saw of the dead-letter queue.
 type deadLetters struct {
-	Read    bool         `json:"read"`
-	Error   string       `json:"error,omitempty"` // why it was not read
-	Total   int          `json:"total"`
-	Old     int          `json:"older_than_inbox_ttl"`
-	Undated int          `json:"undated"`
-	Letters []deadLetter `json:"letters"` // the first old or undated ones
-	Sight   sight        `json:"sight"`   // what the read could not see
+	Read        bool         `json:"read"`
+	Error       string       `json:"error,omitempty"` // why it was not read
+	Total       int          `json:"total"`
+	Old         int          `json:"older_than_inbox_ttl"`
+	Undated     int          `json:"undated"`
+	Letters     []deadLetter `json:"letters"` // the first old or undated ones
+	BrokerCount dlqCount     `json:"sight"`   // the broker's count against what the read got (the key is kept for existing readers)
 }
 
 type deadLetter struct {
@@ -259,14 +259,14 @@ func readDeadLetters(cfg config.Config, first int, wait time.Duration, periodic 
 	if err := guardDLQ(cfg, conn, false, io.Discard); err != nil {
 		return deadLetters{Error: "not read: " + err.Error()}
 	}
-	s, seen, err := waitForSight(cfg, wait, func() (dlq.Summary, int, error) {
+	s, seen, err := readWholeDLQ(cfg, wait, func() (dlq.Summary, int, error) {
 		s, err := dlq.List(conn, cfg.Prefix, math.MaxInt)
 		return s, s.Total, err
 	})
 	if err != nil {
 		return deadLetters{Error: "not read: " + err.Error()}
 	}
-	d := deadLetters{Read: true, Total: s.Total, Sight: seen}
+	d := deadLetters{Read: true, Total: s.Total, BrokerCount: seen}
 	cutoff := time.Now().Add(-cfg.InboxTTL)
 	for _, l := range s.Letters {
 		since := l.DeadSince
@@ -335,8 +335,8 @@ func reconcileCommand(ctx context.Context, cfg config.Config, migrations fs.FS, 
 		return err
 	case a.dlqRead == "require" && !rep.DeadLetters.Read:
 		return fmt.Errorf("reconcile: the dead-letter queue could not be read (--require-dlq): %s", rep.DeadLetters.Error)
-	case a.dlqRead == "require" && rep.DeadLetters.Sight.Unseen > 0:
-		return unseenError{rep.DeadLetters.Sight}
+	case a.dlqRead == "require" && rep.DeadLetters.BrokerCount.Unseen > 0:
+		return unseenError{rep.DeadLetters.BrokerCount}
 	case rep.findings() > 0:
 		return foundError{rep.findings()}
 	}

@@ -84,7 +84,7 @@ func printReconcile(w io.Writer, rep reconcileReport) {
 	fmt.Fprintf(tw, "  dead letters older than INBOX_TTL (%s)\t%s\n", rep.InboxTTL, letters)
 	tw.Flush()
 	if rep.DeadLetters.Read {
-		rep.DeadLetters.Sight.note(w)
+		rep.DeadLetters.BrokerCount.printUnseen(w)
 	}
 
 	section := func(title string, shown, total int, header string, row func(i int) string) {

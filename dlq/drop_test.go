@@ -110,7 +110,7 @@ func TestReplayLeavesAloneWhatCannotApplyAgain(t *testing.T) {
 		r := ReplayReport{Run: "run"}
 		d := letter(tt.class)
 		tt.filter.FailedAfter = time.Now().Add(-time.Hour)
-		if got := r.judge(d, Describe(d), tt.filter); got != tt.replay {
+		if got := r.shouldReplay(d, Describe(d), tt.filter); got != tt.replay {
 			t.Errorf("%s with %+v: replay %v, want %v", tt.class, tt.filter, got, tt.replay)
 		}
 		counted := r.Unreplayable[tt.class] == 1

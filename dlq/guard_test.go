@@ -60,7 +60,7 @@ func TestReplayGuardJudgesEveryLetterByTheBestTimeItHas(t *testing.T) {
 		if !replayable(d, l, Filter{}, "run") {
 			t.Errorf("%s: not replayed with the guard off", tt.name)
 		}
-		if r.judge(d, l, guard) != tt.safe {
+		if r.shouldReplay(d, l, guard) != tt.safe {
 			t.Errorf("%s: judged otherwise than replayable", tt.name)
 		}
 		if !tt.safe {
@@ -70,7 +70,7 @@ func TestReplayGuardJudgesEveryLetterByTheBestTimeItHas(t *testing.T) {
 	if r.TooOld+r.Undated != held || r.Undated != 5 {
 		t.Errorf("the report counts %d too old and %d undated, want %d held back, 5 of them undated", r.TooOld, r.Undated, held)
 	}
-	if (&ReplayReport{Run: "run"}).judge(amqp.Delivery{}, Letter{Class: "unknown"}, Filter{Class: "poison", FailedAfter: now}) {
+	if (&ReplayReport{Run: "run"}).shouldReplay(amqp.Delivery{}, Letter{Class: "unknown"}, Filter{Class: "poison", FailedAfter: now}) {
 		t.Error("a letter of another class replayed")
 	}
 }

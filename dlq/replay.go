@@ -153,7 +153,7 @@ func ReplayAs(conn *amqp.Connection, prefix string, f Filter, limit int, dryRun 
 	var returns chan amqp.Return
 	var closes chan *amqp.Error
 	r.Scanned, r.Depth, err = scan(ch, Queue(prefix), func(d amqp.Delivery, l Letter) (bool, bool, error) {
-		if !r.judge(d, l, f) {
+		if !r.shouldReplay(d, l, f) {
 			return true, false, nil
 		}
 		if !dryRun {
@@ -177,10 +177,10 @@ func ReplayAs(conn *amqp.Connection, prefix string, f Filter, limit int, dryRun 
 	return r, err
 }
 
-// judge reports whether run r should replay d, and counts in r a letter
+// shouldReplay reports whether run r should replay d, and counts in r a letter
 // that f selects but for its FailedAfter, or of a class that cannot apply
 // again that f does not name.
-func (r *ReplayReport) judge(d amqp.Delivery, l Letter, f Filter) bool {
+func (r *ReplayReport) shouldReplay(d amqp.Delivery, l Letter, f Filter) bool {
 	unguarded := f
 	unguarded.FailedAfter = time.Time{}
 	if f.Class == "" && Unreplayable(l.Class) {

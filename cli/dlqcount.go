@@ -19,9 +19,9 @@ import (
 // own count of ready plus unacknowledged letters, from the management API,
 // is what tells a run that it did not see everything.
 
-// sight is what a read of the DLQ could not see: the letters the broker
-// counts that the read did not get.
-type sight struct {
+// dlqCount is the broker's count of the DLQ set against what a read got:
+// the letters it counts that the read did not see.
+type dlqCount struct {
 	Checked bool   `json:"checked"`       // the broker's count was read
 	Why     string `json:"why,omitempty"` // why it was not
 	Broker  int64  `json:"broker_count"`  // letters in the DLQ, ready or held
@@ -29,34 +29,34 @@ type sight struct {
 	Unseen  int    `json:"unseen"`        // counted by the broker, not got by the read
 }
 
-// lookAtDLQ compares seen, the letters a read got, with the broker's
+// countDLQ compares seen, the letters a read got, with the broker's
 // count of the DLQ, read through MANAGEMENT_URL's API right after the read
 // (the count of ready plus held letters does not change as readers get and
 // return them; letters that arrive or leave meanwhile can make it differ
 // for up to the broker's statistics interval, 5 s by default).
-func lookAtDLQ(cfg config.Config, seen int) sight {
+func countDLQ(cfg config.Config, seen int) dlqCount {
 	m := cfg.Management()
 	if m == nil {
-		return sight{Why: "MANAGEMENT_URL is not set, so letters another reader holds cannot be counted"}
+		return dlqCount{Why: "MANAGEMENT_URL is not set, so letters another reader holds cannot be counted"}
 	}
 	urls, err := cfg.BrokerURLs()
 	if err != nil || len(urls) == 0 {
-		return sight{Why: fmt.Sprintf("the broker URL: %v", errors.Join(err, errors.New("none")))}
+		return dlqCount{Why: fmt.Sprintf("the broker URL: %v", errors.Join(err, errors.New("none")))}
 	}
 	c, ok, err := m.Count(context.Background(), urls[0], dlq.Queue(cfg.Prefix))
 	switch {
 	case err != nil:
-		return sight{Why: fmt.Sprintf("the broker's count could not be read: %s", config.RedactErr(err))}
+		return dlqCount{Why: fmt.Sprintf("the broker's count could not be read: %s", config.RedactErr(err))}
 	case !ok:
-		return sight{Why: "the management API has no count for the DLQ yet"}
+		return dlqCount{Why: "the management API has no count for the DLQ yet"}
 	}
-	return sight{Checked: true, Broker: c.Messages, Held: c.Unacked, Unseen: max(0, int(c.Messages)-seen)}
+	return dlqCount{Checked: true, Broker: c.Messages, Held: c.Unacked, Unseen: max(0, int(c.Messages)-seen)}
 }
 
 // against is s for a run that saw depth letters when it started (replay
-// and drop, whose own work changes the DLQ's count: their sight is read
+// and drop, whose own work changes the DLQ's count: their count is read
 // as they start, and compared with the depth they scanned).
-func (s sight) against(depth int) sight {
+func (s dlqCount) againstScanned(depth int) dlqCount {
 	if s.Checked {
 		s.Unseen = max(0, int(s.Broker)-depth)
 	}
@@ -64,7 +64,7 @@ func (s sight) against(depth int) sight {
 }
 
 // note prints what s says, if anything, as a line of its own.
-func (s sight) note(w io.Writer) {
+func (s dlqCount) printUnseen(w io.Writer) {
 	if line := s.String(); line != "" {
 		fmt.Fprintln(w, line)
 	}
@@ -72,7 +72,7 @@ func (s sight) note(w io.Writer) {
 
 // String says what the read could not see, and why; "" when it saw all
 // the broker counts.
-func (s sight) String() string {
+func (s dlqCount) String() string {
 	switch {
 	case !s.Checked:
 		return "not checked whether another reader holds letters: " + s.Why
@@ -88,17 +88,17 @@ func (s sight) String() string {
 	}
 }
 
-// waitForSight reads the DLQ with read until it sees every letter the
+// readWholeDLQ reads the DLQ with read until it sees every letter the
 // broker counts, or until wait has passed, looking again every second;
-// it returns the last read's result and sight.
-func waitForSight[T any](cfg config.Config, wait time.Duration, read func() (T, int, error)) (T, sight, error) {
+// it returns the last read's result and the count it was set against.
+func readWholeDLQ[T any](cfg config.Config, wait time.Duration, read func() (T, int, error)) (T, dlqCount, error) {
 	deadline := time.Now().Add(wait)
 	for {
 		r, seen, err := read()
 		if err != nil {
-			return r, sight{}, err
+			return r, dlqCount{}, err
 		}
-		s := lookAtDLQ(cfg, seen)
+		s := countDLQ(cfg, seen)
 		if s.Unseen == 0 || !time.Now().Before(deadline) {
 			return r, s, nil
 		}
