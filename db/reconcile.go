@@ -11,8 +11,11 @@ import (
 )
 
 // reconcileLock is the advisory lock key that lets one replica at a time
-// run the periodic reconciliation, and write what it found.
-const reconcileLock = 7_301_004
+// run the periodic reconciliation, and write what it found. Its own key:
+// inbox_maintain takes 7301004, migrate, prune and the transfers' locks
+// 7301001 to 7301003 (a pass sharing maintain's key made each wait on the
+// other, and a periodic pass skip its turn).
+const reconcileLock = 7_301_005
 
 // ReconcileOptions say what Reconcile looks for.
 type ReconcileOptions struct {
@@ -171,7 +174,7 @@ func Reconcile(ctx context.Context, db *sqlx.DB, o ReconcileOptions) (Reconcilia
 		return r, fmt.Errorf("reconcile: begin: %w", translate(err))
 	}
 	defer tx.Rollback() // read only: nothing to commit
-	if r.Ran, err = begin(ctx, tx, o.Exclusive); err != nil || !r.Ran {
+	if r.Ran, err = startPass(ctx, tx, o.Exclusive); err != nil || !r.Ran {
 		return r, err
 	}
 	if r.Checkpoint, err = readCheckpoint(ctx, tx); err != nil {
@@ -200,12 +203,12 @@ func Reconcile(ctx context.Context, db *sqlx.DB, o ReconcileOptions) (Reconcilia
 	return r, nil
 }
 
-// begin takes the reconciliation's lock when exclusive, reporting whether
+// startPass takes the reconciliation's lock when exclusive, reporting whether
 // the pass may run, and sets the pass's transaction to one server core
 // without JIT: a parallel scan would take the consumers' CPU for a pass
 // that has no hurry, and JIT compiles for longer than these queries run
 // (BENCHMARKS.md).
-func begin(ctx context.Context, tx *sqlx.Tx, exclusive bool) (bool, error) {
+func startPass(ctx context.Context, tx *sqlx.Tx, exclusive bool) (bool, error) {
 	if exclusive {
 		var got bool
 		if err := tx.GetContext(ctx, &got, `SELECT pg_try_advisory_xact_lock($1)`, reconcileLock); err != nil || !got {

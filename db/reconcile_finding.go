@@ -134,7 +134,7 @@ func ClaimFull(ctx context.Context, primary *sqlx.DB, every, bound time.Duration
 		return false, fmt.Errorf("reconcile: begin: %w", translate(err))
 	}
 	defer tx.Rollback()
-	if ok, err := begin(ctx, tx, true); err != nil || !ok {
+	if ok, err := startPass(ctx, tx, true); err != nil || !ok {
 		return false, err
 	}
 	var claimed []bool

@@ -70,7 +70,7 @@ func ReconcilePeriodic(ctx context.Context, db *sqlx.DB, o PeriodicOptions) (Rec
 		return r, fmt.Errorf("reconcile: begin: %w", translate(err))
 	}
 	defer tx.Rollback()
-	if r.Ran, err = begin(ctx, tx, o.Exclusive); err != nil || !r.Ran {
+	if r.Ran, err = startPass(ctx, tx, o.Exclusive); err != nil || !r.Ran {
 		return r, err
 	}
 	if r.Checkpoint, err = readCheckpoint(ctx, tx); err != nil {

@@ -397,11 +397,21 @@ func TestReconcileInTheService(t *testing.T) {
 		t.Errorf("the DLQ holds %d letters after reconcile read it, want 1", len(msgs))
 	}
 
+	// The inbox's partition maintenance holds its own lock (7301004,
+	// inbox_maintain): the pass is not held back by it.
+	maint := e.db.MustBegin()
+	maint.MustExec(`SELECT pg_advisory_xact_lock(7301004)`)
+	res, err := db.Reconcile(context.Background(), e.db, db.ReconcileOptions{Window: time.Hour, PendingAfter: time.Hour, Exclusive: true})
+	if err != nil || !res.Ran {
+		t.Errorf("with inbox_maintain's lock held: ran %v, %v; want run", res.Ran, err)
+	}
+	maint.Rollback()
+
 	// Another replica's run holds the lock: this one does nothing.
 	tx := e.db.MustBegin()
 	defer tx.Rollback()
-	tx.MustExec(`SELECT pg_advisory_xact_lock(7301004)`)
-	res, err := db.Reconcile(context.Background(), e.db, db.ReconcileOptions{Window: time.Hour, PendingAfter: time.Hour, Exclusive: true})
+	tx.MustExec(`SELECT pg_advisory_xact_lock(7301005)`)
+	res, err = db.Reconcile(context.Background(), e.db, db.ReconcileOptions{Window: time.Hour, PendingAfter: time.Hour, Exclusive: true})
 	if err != nil || res.Ran {
 		t.Errorf("with the lock held elsewhere: ran %v, %v; want not run", res.Ran, err)
 	}
