@@ -19,7 +19,7 @@ import (
 // lane that batches). A panic is recovered as ClassPanic, logged with its
 // stack, and the lane, which it may have left inside a transaction, is
 // replaced.
-func (w *worker) apply(session context.Context, hand []*inHand) (outs []event.Outcome, err error) {
+func (w *worker) apply(hand []*inHand) (outs []event.Outcome, err error) {
 	evs := make([]event.Event, len(hand))
 	for i, s := range hand {
 		evs[i] = s.Event

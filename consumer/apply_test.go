@@ -41,7 +41,7 @@ func TestAnAttemptIsOneSpanWithItsError(t *testing.T) {
 		return hand
 	}
 	for _, n := range []int{1, 3} {
-		if _, err := w.apply(context.Background(), batch(n)); !errors.Is(err, errEnvironment) {
+		if _, err := w.apply(batch(n)); !errors.Is(err, errEnvironment) {
 			t.Fatalf("%d events: err = %v", n, err)
 		}
 	}

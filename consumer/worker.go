@@ -253,7 +253,7 @@ func (w *worker) decode(d amqp.Delivery) (ev event.Event, err error) {
 func (w *worker) exec(cmd command) error {
 	switch cmd.Kind {
 	case cmdApply:
-		outs, err := w.apply(w.session, cmd.Hand)
+		outs, err := w.apply(cmd.Hand)
 		w.awaitJournal() // a producer conflict's commit, too
 		w.core.applied(outs, err, event.ClassOf(w.session, err))
 		w.unblock()
