@@ -1,0 +1,84 @@
+package db
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// The journal mark's voucher (sql/0017_journal_mark_vouched.sql,
+// adr/0014): what lets a queue's lane go on from its mark without reading
+// the journal while an alarm holds the read.
+
+// databaseSQL is this database's identity: a database created anew (a
+// logical restore into another one) has another oid, and a table emptied
+// and filled again (TRUNCATE, a restore with --clean) another file.
+const databaseSQL = `(SELECT oid FROM pg_database WHERE datname = current_database())::bigint`
+
+const markFileSQL = `pg_relation_filenode('journal_mark')::bigint`
+
+// Vouch records in queue's journal mark that the database holds every
+// entry of the queue the journal holds, up to mark: the journal's lane
+// calls it once a read of the journal synced it. Nothing is recorded when
+// the database no longer holds mark. It implements the journal's Voucher.
+//
+// One simple-protocol Query, as Marked.
+func (l *lane) Vouch(ctx context.Context, queue string, mark int64) error {
+	var q strings.Builder
+	q.WriteString("UPDATE journal_mark SET vouched_system = " + systemSQL + ", vouched_database = " + databaseSQL +
+		", vouched_file = " + markFileSQL + ", vouched_timeline = " + timelineSQL + ", vouched_by = pg_current_xact_id() WHERE queue = ")
+	writeText(&q, queue)
+	q.WriteString(" AND seq = ")
+	writeInt(&q, mark)
+	if _, err := l.in.db.ExecContext(ctx, q.String()); err != nil {
+		return fmt.Errorf("vouch for the journal mark of %s: %w", queue, translate(err))
+	}
+	return nil
+}
+
+// vouchedSQL reads a queue's mark, and why the database may have lost
+// commits since it was last vouched for (NULL: it cannot have, within
+// PostgreSQL's durability on one timeline).
+const vouchedSQL = `SELECT m.seq, CASE
+    WHEN m.vouched_by IS NULL THEN 'no read of the journal has vouched for it'
+    WHEN m.vouched_system IS DISTINCT FROM s.system OR s.system = 0
+        THEN 'it was vouched for in another cluster, or the cluster cannot be read'
+    WHEN m.vouched_database IS DISTINCT FROM s.database OR m.vouched_file IS DISTINCT FROM s.file
+        THEN 'the database or its journal_mark table was made anew since (a restore)'
+    WHEN s.timeline IS NULL THEN 'the timeline cannot be read (a standby, or a role that may not ask)'
+    WHEN m.vouched_timeline IS DISTINCT FROM s.timeline
+        THEN format('it was vouched for on timeline %s, the database is on %s: a failover or a point-in-time restore since', m.vouched_timeline, s.timeline)
+    WHEN m.vouched_by >= pg_snapshot_xmax(pg_current_snapshot())
+        THEN 'its transaction is ahead of the database''s own: a restore'
+    WHEN pg_xact_status(m.vouched_by) IS DISTINCT FROM 'committed'
+        THEN 'its transaction is not known committed here'
+    WHEN current_setting('fsync') <> 'on' OR current_setting('synchronous_commit') = 'off'
+        THEN 'the server may lose commits in a crash (fsync or synchronous_commit is off)'
+    END AS why
+FROM journal_mark m, (SELECT ` + systemSQL + ` AS system, ` + databaseSQL + ` AS database, ` + markFileSQL + ` AS file, ` +
+	timelineSQL + ` AS timeline) s
+WHERE m.queue = `
+
+// Vouched returns queue's journal mark, and "" when the database can have
+// lost no commit of the queue since a read of the journal last vouched
+// for it (Vouch), or else why it may have. It implements the journal's
+// Voucher.
+func (l *lane) Vouched(ctx context.Context, queue string) (int64, string, error) {
+	var row struct {
+		Seq int64          `db:"seq"`
+		Why sql.NullString `db:"why"`
+	}
+	var q strings.Builder
+	q.WriteString(vouchedSQL)
+	writeText(&q, queue)
+	err := l.in.db.GetContext(ctx, &row, q.String())
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, "the queue has no mark", nil
+	}
+	if err != nil {
+		return 0, "", fmt.Errorf("read the journal mark of %s and its voucher: %w", queue, translate(err))
+	}
+	return row.Seq, row.Why.String, nil
+}
