@@ -35,6 +35,10 @@ type database struct {
 	before  func()   // runs once, at the next ApplyMarked
 	txs     int      // transactions that applied events
 	parked  []string // the letters ParkMarked parked, by event id
+	// vouched: a read of the journal vouched for the mark (Vouch), and the
+	// database has lost no commit since (lose forgets it).
+	vouched bool
+	vouches int
 }
 
 type commit struct {
@@ -47,6 +51,7 @@ func (d *database) lose(n int) {
 	c := d.commits[len(d.commits)-n]
 	d.commits = d.commits[:len(d.commits)-n]
 	d.mark, d.at, d.applied = c.mark, c.at, d.applied[:c.applied]
+	d.vouched = false // a failover or a restore changes what Vouched reads
 }
 
 type modelLane struct{ db *database }
@@ -62,6 +67,29 @@ func (l modelLane) Marked(context.Context, string) (int64, time.Time, error) {
 		return 0, time.Time{}, l.db.down
 	}
 	return l.db.mark, l.db.at, nil
+}
+
+// Vouch vouches for the mark if the database holds it.
+func (l modelLane) Vouch(_ context.Context, _ string, mark int64) error {
+	if l.db.down != nil {
+		return l.db.down
+	}
+	if l.db.mark == mark {
+		l.db.vouched = true
+		l.db.vouches++
+	}
+	return nil
+}
+
+// Vouched says the database lost commits unless a vouch came after the last loss.
+func (l modelLane) Vouched(context.Context, string) (int64, string, error) {
+	if l.db.down != nil {
+		return 0, "", l.db.down
+	}
+	if !l.db.vouched {
+		return l.db.mark, "it was vouched for on timeline 1, the database is on 2", nil
+	}
+	return l.db.mark, "", nil
 }
 
 // ParkMarked parks lt in the database's outbox (letters) and moves the
@@ -128,8 +156,10 @@ type stream struct {
 	stuck    bool
 	stuckFor time.Duration
 	// bad: the entries whose message no longer decodes.
-	bad    map[int64]bool
-	atPage func() // runs before each page is handed over
+	bad map[int64]bool
+	// blocked: a read cannot begin, its fence held by a broker alarm.
+	blocked bool
+	atPage  func() // runs before each page is handed over
 
 	// The lane's appender writes from a goroutine of its own: the
 	// failure to answer with and the writes refused go by mu.
@@ -218,6 +248,9 @@ func (s *stream) take(queue string, msgs []event.Spilled) error {
 // restores cross pages.
 func (s *stream) readAll(ctx context.Context, since time.Time, wants map[string]*want) error {
 	s.reads++
+	if s.blocked {
+		return &unreadError{fmt.Errorf("journal: fence: %w", errBlocked)}
+	}
 	if s.stuck {
 		// A stream that does not answer would hold the read as long as
 		// its context lets it: that is what is said.

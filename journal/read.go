@@ -127,6 +127,48 @@ func (s *seqs) add(n int64) {
 	*s = slices.Insert(*s, i, [2]int64{n, n})
 }
 
+// unreadError: a read of the stream could not begin, so it read
+// nothing: its fence was not confirmed (a broker alarm holds it, the
+// stream does not answer), or the stream could not be consumed.
+type unreadError struct{ err error }
+
+func (e *unreadError) Error() string { return e.err.Error() }
+func (e *unreadError) Unwrap() error { return e.err }
+
+// fenceFor bounds how long a read waits for its fence's confirm while the
+// broker does not block the journal's publishes.
+const fenceFor = 10 * time.Second
+
+// awaitFence waits for the answer a to a read's fence, published on ch:
+// fenceFor at most, and not at all once the broker blocks the journal's
+// publishes (connection.blocked comes once a publish meets an alarm),
+// since it would hold the fence until the alarm passes. The channel stays
+// then, as for a write the alarm holds (answer): the fence's confirm
+// comes after the alarm, answered to no one.
+func (j *Journal) awaitFence(ctx context.Context, ch *amqp.Channel, a <-chan error) error {
+	wait, cancel := context.WithTimeout(ctx, fenceFor)
+	defer cancel()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-tick.C:
+			if !j.isBlocked() {
+				continue
+			}
+			return fmt.Errorf("journal %s: %w", j.cfg.Stream, errBlocked)
+		case err := <-a:
+			if err != nil {
+				j.fail(ch)
+				return fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
+			}
+			return nil
+		case <-wait.Done():
+			return j.answer(wait, ch, a)
+		}
+	}
+}
+
 // readOne reads one queue's entries from s (see Journal.Read).
 func readOne(ctx context.Context, s store, queue string, after int64, since time.Time, page func(Found) error) (Found, error) {
 	w := &want{after: after, page: page}
@@ -146,7 +188,7 @@ func (j *Journal) readAll(ctx context.Context, since time.Time, wants map[string
 	}
 	ch, ans, err := j.channel()
 	if err != nil {
-		return err
+		return &unreadError{err}
 	}
 	fence := make([]byte, 16)
 	_, _ = rand.Read(fence)
@@ -155,25 +197,25 @@ func (j *Journal) readAll(ctx context.Context, since time.Time, wants map[string
 		Headers: amqp.Table{hFence: id}, DeliveryMode: amqp.Persistent, Timestamp: time.Now()})
 	if err != nil {
 		j.fail(ch)
-		return fmt.Errorf("journal %s: fence: %w", j.cfg.Stream, err)
+		return &unreadError{fmt.Errorf("journal %s: fence: %w", j.cfg.Stream, err)}
 	}
-	if err := j.answer(ctx, ch, a); err != nil {
-		return fmt.Errorf("fence: %w", err)
+	if err := j.awaitFence(ctx, ch, a); err != nil {
+		return &unreadError{fmt.Errorf("fence: %w", err)}
 	}
 
 	j.mu.Lock()
 	conn := j.conn
 	j.mu.Unlock()
 	if conn == nil {
-		return fmt.Errorf("journal %s: the connection closed", j.cfg.Stream)
+		return &unreadError{fmt.Errorf("journal %s: the connection closed", j.cfg.Stream)}
 	}
 	rc, err := conn.Channel()
 	if err != nil {
-		return fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
+		return &unreadError{fmt.Errorf("journal %s: %w", j.cfg.Stream, err)}
 	}
 	defer rc.Close()
 	if err := rc.Qos(readPrefetch, 0, false); err != nil {
-		return fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
+		return &unreadError{fmt.Errorf("journal %s: %w", j.cfg.Stream, err)}
 	}
 	var offset any = "first"
 	if !since.IsZero() {
@@ -187,7 +229,7 @@ func (j *Journal) readAll(ctx context.Context, since time.Time, wants map[string
 	}()
 	deliveries, err := rc.ConsumeWithContext(ctx, j.cfg.Stream, "", false, false, false, false, amqp.Table{"x-stream-offset": offset})
 	if err != nil {
-		return fmt.Errorf("journal %s: read: %w", j.cfg.Stream, err)
+		return &unreadError{fmt.Errorf("journal %s: read: %w", j.cfg.Stream, err)}
 	}
 	open := len(wants) // queues whose page has not failed
 	for n := 0; open > 0; n++ {

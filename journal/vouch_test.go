@@ -1,0 +1,58 @@
+package journal
+
+import (
+	"slices"
+	"strings"
+	"testing"
+)
+
+// A lane whose read of the journal cannot begin (a broker alarm holds its
+// fence) goes on from the database's mark when the database vouches that
+// it lost no commit since a read synced the queue: a replica started
+// during an alarm drains its queue, as it does without the journal. Once
+// the database may have lost commits (a failover), the lane waits for the
+// read instead, saying why, and restores what was lost once it can read.
+func TestALaneGoesOnWithoutTheJournalOnlyFromAVouchedMark(t *testing.T) {
+	db, s := &database{}, &stream{}
+	evs := events(12)
+	first := newLane(db, s)
+	applyAll(t, first, evs[:5], 2)
+	first.Close()
+	if !db.vouched || db.vouches != 1 {
+		t.Fatalf("after the first read: vouched %v (%d times), want vouched once", db.vouched, db.vouches)
+	}
+
+	// A new replica's lane, during an alarm.
+	s.blocked = true
+	during := newLane(db, s)
+	if _, err := during.ApplyBatch(t.Context(), evs[5:8]); err != nil {
+		t.Fatalf("a lane started during an alarm, its mark vouched for: %v", err)
+	}
+	if db.mark != 8 || !slices.Equal(db.applied, ids(evs[:8])) {
+		t.Fatalf("mark %d, applied %v; want 8 and the first eight", db.mark, db.applied)
+	}
+	during.Close()
+
+	// A failover took the last commit back; the alarm still holds the read.
+	db.lose(1)
+	after := newLane(db, s)
+	defer after.Close()
+	_, err := after.ApplyBatch(t.Context(), evs[8:9])
+	if err == nil || !strings.Contains(err.Error(), "timeline") {
+		t.Fatalf("a lane whose database lost commits went on without the journal (%v); want it to wait, saying why", err)
+	}
+	if db.mark != 5 {
+		t.Fatalf("mark %d while the lane waits, want 5", db.mark)
+	}
+	// The alarm passes: the read restores the lost commit's events first.
+	s.blocked = false
+	if _, err := after.ApplyBatch(t.Context(), evs[8:9]); err != nil {
+		t.Fatal(err)
+	}
+	if db.mark != 9 || !slices.Equal(db.applied, ids(evs[:9])) {
+		t.Fatalf("mark %d, applied %v; want 9 and the first nine in order", db.mark, db.applied)
+	}
+	if !db.vouched {
+		t.Error("the read after the loss did not vouch for the mark")
+	}
+}
