@@ -1,0 +1,214 @@
+package journal
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"transferconsumer/retry"
+)
+
+// The journal's lane and its writer, the real ones, driven through
+// schedules of faults that a seed chooses: the stream held by an alarm
+// (its publishes waiting, some landing unconfirmed), the stream refusing
+// writes, reads that cannot begin, the database down, the spill down, the
+// database losing its last commits (a failover), and restarts (the lane
+// closed, a new one opened, as a new process's). The worker's part is
+// played as the consumer plays it: a transaction's events are acked once
+// Journaled says its entries are held, and events not acked come back.
+//
+// While the database takes the entries, no ack waits long enough for the
+// broker's consumer timeout to strike, whatever the stream does.
+//
+// After each schedule, with every fault healed, it checks what the journal
+// promises: every acked event is applied, once, in the order of the acks
+// (a restore applies what a loss took back before anything newer); the
+// stream holds one entry per sequence, 1 … the mark, without a gap, each
+// acked event among them; and nothing is left kept in the database.
+//
+// Timing is not part of the schedule (the writer runs on its own
+// goroutine, with its own timers): whatever the interleaving, these hold.
+func TestTheLaneAndItsWriterUnderFaultSchedules(t *testing.T) {
+	// The waits are shorter, not other: a restore behind a held stream
+	// gives up sooner, and the writer tries again sooner.
+	wasFlush, wasRetry := flushFor, writeRetry
+	flushFor, writeRetry = 5*time.Millisecond, retry.Backoff{Min: time.Millisecond, Max: 20 * time.Millisecond}
+	t.Cleanup(func() { flushFor, writeRetry = wasFlush, wasRetry })
+	for seed := range uint64(40) {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { runFaultSchedule(t, seed) })
+	}
+}
+
+// consumerTimeout plays the broker's consumer timeout: a hundred times
+// keepAfter, so that no machine is too slow for it, and far below the
+// waits of a writer that holds the acks until the stream takes them.
+const consumerTimeout = 100 * keepAfter
+
+func runFaultSchedule(t *testing.T, seed uint64) {
+	rng := rand.New(rand.NewPCG(seed, 0x6a6f75726e616c))
+	db, s, k := &database{}, &stream{}, &spill{}
+	cfg := Config{Spill: k, KeepAfter: keepAfter}
+	l := newLaneWith(db, s, cfg)
+	defer func() { l.Close() }()
+	evs := events(80)
+	next := 0          // evs[next:] have not been acked
+	var acked []string // in the order of their acks
+	var trace []string // what the schedule did, for a failure's report
+	var lost bool      // a loss happened: the database lacks acked events until a restore
+	down := errors.New("connection refused")
+	for step := 0; step < 120 && next < len(evs); step++ {
+		switch r := rng.IntN(20); {
+		case r < 10: // the worker's next transaction, of 1 to 3 events
+			n := min(1+rng.IntN(3), len(evs)-next)
+			batch := evs[next : next+n]
+			_, err := l.ApplyBatch(t.Context(), batch)
+			if err != nil {
+				trace = append(trace, fmt.Sprintf("apply %d: %v", n, firstLine(err)))
+				continue // not acked: the events come back
+			}
+			if c := l.Journaled(); c != nil {
+				select {
+				case <-c:
+				case <-time.After(200 * time.Millisecond):
+					// Neither the stream nor the database takes the
+					// entries (the spill down, and the stream held or
+					// the kept entries unreadable there): the ack
+					// waits, until the database's outage ends.
+					k.mu.Lock()
+					k.down = nil
+					k.mu.Unlock()
+					trace = append(trace, "the ack waits; spill back")
+					select {
+					case <-c:
+					case <-time.After(consumerTimeout):
+						t.Fatalf("seed %d: the ack waited %s after the database came back, a hundred times keepAfter: "+
+							"the held deliveries would run into the broker's consumer timeout\nschedule:\n%s",
+							seed, consumerTimeout, strings.Join(trace, "\n"))
+					}
+				}
+			}
+			acked = append(acked, ids(batch)...)
+			next += n
+			trace = append(trace, fmt.Sprintf("apply %d, acked", n))
+		case r == 10:
+			s.hold(rng.IntN(2) == 0)
+			trace = append(trace, "stream held")
+		case r == 11:
+			s.let()
+			trace = append(trace, "stream let")
+		case r == 12:
+			s.refuse(errors.New("the stream is unavailable"))
+			trace = append(trace, "stream refuses")
+		case r == 13:
+			s.refuse(nil)
+			trace = append(trace, "stream takes")
+		case r == 14:
+			s.blocked = !s.blocked
+			trace = append(trace, fmt.Sprintf("reads blocked %v", s.blocked))
+		case r == 15:
+			if db.down == nil {
+				db.down = down
+			} else {
+				db.down = nil
+			}
+			trace = append(trace, fmt.Sprintf("database down %v", db.down != nil))
+		case r == 16:
+			k.mu.Lock()
+			if k.down == nil {
+				k.down = down
+			} else {
+				k.down = nil
+			}
+			trace = append(trace, fmt.Sprintf("spill down %v", k.down != nil))
+			k.mu.Unlock()
+		case r == 17 || r == 18:
+			// A failover takes back commits whose entries are in the
+			// stream (those only kept in the database go with it: they
+			// are counted unprotected, and left out here).
+			if db.down != nil || len(db.commits) == 0 || l.Journaled() != nil || k.kept() != 0 {
+				continue
+			}
+			n := 1 + rng.IntN(min(3, len(db.commits)))
+			db.lose(n)
+			lost = true
+			trace = append(trace, fmt.Sprintf("lose %d commits", n))
+		default: // a restart
+			l.Close()
+			l = newLaneWith(db, s, cfg)
+			trace = append(trace, "restart")
+		}
+	}
+	// Every fault heals; the rest of the events are applied.
+	s.let()
+	s.refuse(nil)
+	s.blocked = false
+	db.down = nil
+	k.mu.Lock()
+	k.down = nil
+	k.mu.Unlock()
+	for next < len(evs) {
+		batch := evs[next:min(next+3, len(evs))]
+		var err error
+		for deadline := time.Now().Add(30 * time.Second); ; { // the worker tries again, as the broker redelivers
+			if _, err = l.ApplyBatch(t.Context(), batch); err == nil || time.Now().After(deadline) {
+				break
+			}
+		}
+		if err != nil {
+			t.Fatalf("seed %d, healed, for 30 s: %v\n%s", seed, err, strings.Join(trace, "\n"))
+		}
+		waitJournaled(t, l)
+		acked = append(acked, ids(batch)...)
+		next += len(batch)
+	}
+	// The writer tries the stream for the kept entries after its backoff;
+	// a flush, as a restore's, has it try now.
+	if err := l.out.flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the kept entries in the stream", func() bool { return k.kept() == 0 })
+
+	report := func(format string, args ...any) {
+		t.Helper()
+		t.Fatalf("seed %d (a loss: %v): "+format+"\nschedule:\n%s", append(append([]any{seed, lost}, args...), strings.Join(trace, "\n"))...)
+	}
+	if !slices.Equal(db.applied, acked) {
+		report("applied %v\nwant, in the order of the acks, %v", db.applied, acked)
+	}
+	s.mu.Lock()
+	bySeq := map[int64]string{}
+	for _, e := range s.entries {
+		if id, ok := bySeq[e.Seq]; ok && id != e.Event.ID {
+			s.mu.Unlock()
+			report("sequence %d holds %s and %s", e.Seq, id, e.Event.ID)
+		}
+		bySeq[e.Seq] = e.Event.ID
+	}
+	s.mu.Unlock()
+	for seq := int64(1); seq <= db.mark; seq++ {
+		if _, ok := bySeq[seq]; !ok {
+			report("the stream has no entry %d, below the mark %d", seq, db.mark)
+		}
+	}
+	if int64(len(bySeq)) != db.mark {
+		report("the stream holds %d sequences, the mark is %d", len(bySeq), db.mark)
+	}
+	inStream := map[string]bool{}
+	for _, id := range bySeq {
+		inStream[id] = true
+	}
+	for _, id := range acked {
+		if !inStream[id] {
+			report("acked event %s is not in the stream", id)
+		}
+	}
+}
+
+func firstLine(err error) string {
+	line, _, _ := strings.Cut(err.Error(), "\n")
+	return line
+}
