@@ -169,8 +169,12 @@ type Journal struct {
 
 	mu   sync.Mutex
 	conn *amqp.Connection
-	ch   *amqp.Channel // in confirm mode; nil until opened, and after a failure
-	ans  *answers      // ch's answers (publish.go)
+	// readConn is the reads' connection (readChannel), which never
+	// publishes; readMu guards it.
+	readMu   sync.Mutex
+	readConn *amqp.Connection
+	ch       *amqp.Channel // in confirm mode; nil until opened, and after a failure
+	ans      *answers      // ch's answers (publish.go)
 	// writes are the lanes' writes, on their way to the one writer that
 	// publishes them (combine.go).
 	writes    chan *writeReq
@@ -301,6 +305,12 @@ func (j *Journal) Close() {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.closeLocked()
+	j.readMu.Lock()
+	defer j.readMu.Unlock()
+	if j.readConn != nil {
+		j.readConn.Close()
+		j.readConn = nil
+	}
 }
 
 // Entry is one journaled event.

@@ -169,6 +169,31 @@ func (j *Journal) awaitFence(ctx context.Context, ch *amqp.Channel, a <-chan err
 	}
 }
 
+// readChannel opens a channel to read the stream on, on the journal's
+// reading connection, which never publishes: the broker blocks a
+// connection that publishes during an alarm, and then reads nothing more
+// from it, not even a channel.open, while one that only consumes goes on.
+// (A connection opened during an alarm gets its first publish through
+// before it is blocked: a read's fence can be confirmed then, and the
+// read must still be able to follow it.)
+func (j *Journal) readChannel() (*amqp.Channel, error) {
+	j.readMu.Lock()
+	defer j.readMu.Unlock()
+	if j.readConn == nil || j.readConn.IsClosed() {
+		conn, err := j.cfg.Dial()
+		if err != nil {
+			return nil, err
+		}
+		j.readConn = conn
+	}
+	ch, err := j.readConn.Channel()
+	if err != nil {
+		j.readConn.Close()
+		j.readConn = nil
+	}
+	return ch, err
+}
+
 // readOne reads one queue's entries from s (see Journal.Read).
 func readOne(ctx context.Context, s store, queue string, after int64, since time.Time, page func(Found) error) (Found, error) {
 	w := &want{after: after, page: page}
@@ -203,13 +228,7 @@ func (j *Journal) readAll(ctx context.Context, since time.Time, wants map[string
 		return &unreadError{fmt.Errorf("fence: %w", err)}
 	}
 
-	j.mu.Lock()
-	conn := j.conn
-	j.mu.Unlock()
-	if conn == nil {
-		return &unreadError{fmt.Errorf("journal %s: the connection closed", j.cfg.Stream)}
-	}
-	rc, err := conn.Channel()
+	rc, err := j.readChannel()
 	if err != nil {
 		return &unreadError{fmt.Errorf("journal %s: %w", j.cfg.Stream, err)}
 	}
