@@ -53,7 +53,7 @@ func countDLQ(cfg config.Config, seen int) dlqCount {
 	return dlqCount{Checked: true, Broker: c.Messages, Held: c.Unacked, Unseen: max(0, int(c.Messages)-seen)}
 }
 
-// against is s for a run that saw depth letters when it started (replay
+// againstScanned is s for a run that saw depth letters when it started (replay
 // and drop, whose own work changes the DLQ's count: their count is read
 // as they start, and compared with the depth they scanned).
 func (s dlqCount) againstScanned(depth int) dlqCount {
@@ -63,7 +63,7 @@ func (s dlqCount) againstScanned(depth int) dlqCount {
 	return s
 }
 
-// note prints what s says, if anything, as a line of its own.
+// printUnseen prints what s says, if anything, as a line of its own.
 func (s dlqCount) printUnseen(w io.Writer) {
 	if line := s.String(); line != "" {
 		fmt.Fprintln(w, line)

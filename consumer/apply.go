@@ -102,7 +102,7 @@ func (w *worker) attemptOnce(ev event.Event) (event.Result, error) {
 	return res, w.whyCancelled(err)
 }
 
-// cut adds to err, when the work in hand was cancelled, why: an attempt
+// whyCancelled adds to err, when the work in hand was cancelled, why: an attempt
 // that shutdown cut short is classified as such from its own error,
 // whatever the session's state when the error is looked at.
 func (w *worker) whyCancelled(err error) error {

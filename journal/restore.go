@@ -100,7 +100,7 @@ func (l *Lane) recover(ctx context.Context) (int, error) {
 	return r.end(found, err)
 }
 
-// begin starts a restore from the database's mark; with no restore to
+// startRestore starts a restore from the database's mark; with no restore to
 // make, it returns why (the report of a journal that does not reach back,
 // while the mark stays where it was).
 func (l *Lane) startRestore(ctx context.Context) (*restoring, error) {
@@ -115,7 +115,7 @@ func (l *Lane) startRestore(ctx context.Context) (*restoring, error) {
 	return &restoring{ctx: ctx, l: l, mark: mark, at: at, prev: mark}, nil
 }
 
-// finish ends a restore on what the read found (found) and how it ended
+// end ends a restore on what the read found (found) and how it ended
 // (err): the mark moves to the journal's tail of the queue, and the lane
 // is synced.
 func (r *restoring) end(found Found, err error) (int, error) {
@@ -393,10 +393,10 @@ func (l *Lane) park(ctx context.Context, lt event.OutboxLetter) error {
 	return l.letters.Park(ctx, lt)
 }
 
-// move applies evs (none: moves the mark alone) with the mark from prev to
+// applyMarked applies evs (none: moves the mark alone) with the mark from prev to
 // last, and returns the mark the database then holds. When another
 // reader's restore of the queue (a replica, the recover command) has moved
-// the mark to last or past it, that reader applied these entries: move
+// the mark to last or past it, that reader applied these entries: it
 // returns no outcomes and no error, and the mark it found, so that the two
 // restores go on together instead of each starting again.
 func (l *Lane) applyMarked(ctx context.Context, evs []event.Event, prev, last int64) ([]event.Outcome, int64, error) {
