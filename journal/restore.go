@@ -149,49 +149,6 @@ func (r *restoring) end(found Found, err error) (int, error) {
 	return r.applied, nil
 }
 
-// Voucher is a database lane that records, once a read of the journal
-// synced a queue, which database held every entry of it up to its mark
-// (Vouch), and says later whether that database can have lost a commit
-// of the queue since (Vouched: "" when it cannot), through what a
-// failover or a restore changes: the timeline, the cluster, the database
-// (db's, sql/0017_journal_mark_vouched.sql).
-type Voucher interface {
-	Vouch(ctx context.Context, queue string, mark int64) error
-	Vouched(ctx context.Context, queue string) (mark int64, why string, err error)
-}
-
-// goOnVouched ends a restore whose read of the journal could not begin
-// (err, an *unreadError: a broker alarm holds its fence, the stream does
-// not answer): the lane goes on from the database's mark, synced, when
-// the database vouches that it has lost no commit of the queue since a
-// read last synced it; the journal then holds no entry of the queue
-// above the mark, so there is nothing to read. That is what lets a queue
-// start, or come back after a reconnect, during an alarm, as it does
-// without the journal. It returns nil then, and otherwise err, with why
-// the lane cannot go on without the read.
-func (r *restoring) goOnVouched(err error) error {
-	l := r.l
-	var unread *unreadError
-	v, ok := l.inner.(Voucher)
-	if !errors.As(err, &unread) || !ok || r.started || r.prev != r.mark {
-		return err
-	}
-	mark, why, verr := v.Vouched(r.ctx, l.queue)
-	switch {
-	case verr != nil:
-		return fmt.Errorf("%w; and whether the database holds every entry of the queue cannot be read: %v", err, verr)
-	case why != "":
-		return fmt.Errorf("%w; and the database cannot vouch that it holds every entry of the queue (%s), so the queue waits for the journal", err, why)
-	case mark != r.mark:
-		return fmt.Errorf("%w; and the mark moved meanwhile (another reader of the queue), so the queue waits for the journal", err)
-	}
-	l.prev, l.synced, l.checked = mark, true, false
-	l.log.Warn("journal: the journal cannot be read now, but the database has lost no commit of the queue since a read of the journal "+
-		"last synced it (same cluster, database and timeline), so the queue goes on from its mark without reading it",
-		"queue", l.queue, "mark", mark, "why_unread", err)
-	return nil
-}
-
 // unreadable reports u, a message of the queue that does not decode, met
 // once the entries before it were applied: the queue waits, as for a
 // journal that does not reach back, until the loss of its entries is
