@@ -56,6 +56,10 @@ type result struct {
 	// The service's events per transaction over its run, from its
 	// transferconsumer_batch_size histogram (the subjects that batch).
 	EventsPerTx float64 `json:"events_per_transaction,omitempty"`
+	// The journal's subjects: the stream's messages per event at the end
+	// of the drain, from the management API (journalMessages): how well
+	// the one writer combined the lanes' writes.
+	JournalMsgsPerEvent float64 `json:"journal_messages_per_event,omitempty"`
 }
 
 type harness struct {
@@ -71,6 +75,7 @@ type harness struct {
 	syscalls                bool   // count the consumers' system calls (perf)
 	batch                   int    // BATCH_MAX of the subject "batch"
 	baselineBatch           int    // BATCH_MAX of the subject "baseline"
+	baselineJournal         bool   // the subject "baseline" runs with the journal on
 	steadyRate              int    // events/s of a steady load instead of a backlog, or 0
 	bodies                  [][]byte
 	keys                    []string
@@ -242,7 +247,7 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 		cmd = exec.Command(bin)
 		env = append(env, "AMQP_URL="+vhostURL, "DATABASE_URL="+dbURL, fmt.Sprintf("QUEUE_COUNT=%d", queues),
 			"HTTP_ADDR="+h.httpAddr(), "INSTANCE_NAME="+name, fmt.Sprintf("BATCH_MAX=%d", batch))
-		if subject == "journal" || subject == "batch-journal" {
+		if subject == "journal" || subject == "batch-journal" || (subject == "baseline" && h.baselineJournal) {
 			env = append(env, "JOURNAL_STREAM=transfers.journal") // in the run's own vhost
 		}
 		if h.profileDir != "" {
@@ -401,6 +406,13 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 	peakKiB = max(peakKiB, vmHWM(pid))
 	if strings.HasPrefix(subject, "batch") && !exitedEarly {
 		r.EventsPerTx = batchMean(h.profileAddr)
+	}
+	if (strings.HasSuffix(subject, "journal") || (subject == "baseline" && h.baselineJournal)) && !exitedEarly && h.steadyRate == 0 {
+		if n, err := h.journalMessages(name); err == nil {
+			r.JournalMsgsPerEvent = float64(n) / float64(h.events)
+		} else {
+			fmt.Fprintf(os.Stderr, "the journal's messages: %v\n", err)
+		}
 	}
 	if sc != nil && !exitedEarly {
 		n, err := sc.stop()
@@ -657,6 +669,44 @@ func confirmChannel(vhostURL string) (*amqp.Connection, *amqp.Channel, error) {
 		return nil, nil, err
 	}
 	return conn, ch, nil
+}
+
+// journalMessages is how many messages the run's stream holds, once the
+// management API's figure (refreshed every few seconds) stays the same
+// across two reads two seconds apart.
+func (h *harness) journalMessages(vhost string) (int, error) {
+	u, _ := url.Parse(h.mgmtURL + "/api/queues/" + url.PathEscape(vhost) + "/transfers.journal")
+	pass, _ := u.User.Password()
+	user := u.User.Username()
+	u.User = nil
+	read := func() (int, error) {
+		req, _ := http.NewRequest(http.MethodGet, u.String(), nil)
+		req.SetBasicAuth(user, pass)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		var q struct {
+			Messages int `json:"messages"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&q); err != nil {
+			return 0, err
+		}
+		return q.Messages, nil
+	}
+	prev := -1
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Second) {
+		n, err := read()
+		if err != nil {
+			return 0, err
+		}
+		if n > 0 && n == prev {
+			return n, nil
+		}
+		prev = n
+	}
+	return 0, fmt.Errorf("the stream's message count did not settle (last %d)", prev)
 }
 
 func (h *harness) mgmt(method, path string, body any) error {

@@ -61,6 +61,7 @@ func main() {
 	baseline := flag.String("baseline", "", "another build of the service, measured as the subject baseline (add it to -subjects)")
 	batch := flag.Int("batch", 50, "BATCH_MAX of the subject batch (the service; the subject service runs with 1)")
 	baselineBatch := flag.Int("baseline-batch", 1, "BATCH_MAX of the subject baseline")
+	baselineJournal := flag.Bool("baseline-journal", false, "run the subject baseline with the journal on (JOURNAL_STREAM), to weigh a change to the journal")
 	steady := flag.Int("steady", 0, "instead of draining a backlog, publish -events events at this many per second while the subject runs, and report their latency from publishing to the inbox")
 	userID := flag.Bool("user-id", true, "publish with the user_id property set to the publishing user, as a producer on PRODUCERS' list does (the service then judges and stamps each delivery's producer)")
 	rounds := flag.Int("rounds", 1, "measure every subject this many times at each queue count; the ratios are then of medians")
@@ -125,6 +126,7 @@ func main() {
 		return
 	}
 	h.batch, h.baselineBatch, h.steadyRate = *batch, max(*baselineBatch, 1), *steady
+	h.baselineJournal = *baselineJournal
 	defer h.close()
 	onFail = h.close // fail exits without running deferred calls
 	if h.callgrindDir = *callgrind; h.callgrindDir != "" {

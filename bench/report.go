@@ -253,8 +253,9 @@ func printJournalRatios(w io.Writer, results []result) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprint(tw, "queues\t")
 	perTx := func(r result) float64 { return r.EventsPerTx }
+	msgs := func(r result) float64 { return r.JournalMsgsPerEvent }
 	for _, p := range pairs {
-		fmt.Fprintf(tw, "events/s %[1]s/%[2]s\tCPU per event %[1]s/%[2]s\tWAL per event %[1]s/%[2]s\t", p[0], p[1])
+		fmt.Fprintf(tw, "events/s %[1]s/%[2]s\tCPU per event %[1]s/%[2]s\tWAL per event %[1]s/%[2]s\tstream messages per event, %[1]s\t", p[0], p[1])
 		if p[1] == "batch" {
 			fmt.Fprintf(tw, "events per transaction %s, %s\t", p[0], p[1])
 		}
@@ -263,8 +264,9 @@ func printJournalRatios(w io.Writer, results []result) {
 	for _, q := range queueCounts(results) {
 		fmt.Fprintf(tw, "%d\t", q)
 		for _, p := range pairs {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t", medianRatio(results, p[0], p[1], q, rate),
-				medianRatio(results, p[0], p[1], q, cpuPerEvent), medianRatio(results, p[0], p[1], q, wal))
+			m, _ := median(results, p[0], q, msgs)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%.2f\t", medianRatio(results, p[0], p[1], q, rate),
+				medianRatio(results, p[0], p[1], q, cpuPerEvent), medianRatio(results, p[0], p[1], q, wal), m)
 			if p[1] == "batch" {
 				x, _ := median(results, p[0], q, perTx)
 				y, _ := median(results, p[1], q, perTx)
