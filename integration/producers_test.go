@@ -249,7 +249,15 @@ func TestProducersReplayJudgedByFirstProducer(t *testing.T) {
 	listed.mustPublish(brokerListed, nil)
 	other.mustPublish(brokerOther, amqp.Table{dlq.HeaderOriginalUser: listed.user})
 	e.rejectAll(2, 2)
-	letters := e.lettersByID()
+	// The DLQ's count can say four a moment before a read through the
+	// management API returns the two new letters (seen once on 4.0.5).
+	var letters map[string]dlqMessage
+	waitFor(t, 30*time.Second, "the broker's two letters readable in the DLQ", func() bool {
+		letters = e.lettersByID()
+		_, l := letters[brokerListed.EventID]
+		_, o := letters[brokerOther.EventID]
+		return l && o
+	})
 	for _, tr := range []transfer{brokerListed, brokerOther} {
 		m := letters[tr.EventID]
 		if m.header("x-death") == nil || m.header(dlq.HeaderClass) != nil {
