@@ -1,6 +1,7 @@
 -- apply_event applies one event: the whole of db.Inbox.Apply's transaction
--- body in one statement, so that an event costs one call between BEGIN and
--- COMMIT. It pins the transaction's durability and isolation
+-- in one statement, which the service sends alone, so that PostgreSQL runs
+-- it as one implicit transaction and an event costs one round trip
+-- (adr/0005). It pins the transaction's durability and isolation
 -- (pin_transaction), then claims event_id in the inbox insert-first:
 -- exactly one transaction can insert it, whatever the timing (adr/0001). A
 -- claim that finds the row taken is answered by claim_taken ('duplicate' or
