@@ -675,25 +675,12 @@ func confirmChannel(vhostURL string) (*amqp.Connection, *amqp.Channel, error) {
 // management API's figure (refreshed every few seconds) stays the same
 // across two reads two seconds apart.
 func (h *harness) journalMessages(vhost string) (int, error) {
-	u, _ := url.Parse(h.mgmtURL + "/api/queues/" + url.PathEscape(vhost) + "/transfers.journal")
-	pass, _ := u.User.Password()
-	user := u.User.Username()
-	u.User = nil
 	read := func() (int, error) {
-		req, _ := http.NewRequest(http.MethodGet, u.String(), nil)
-		req.SetBasicAuth(user, pass)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return 0, err
-		}
-		defer resp.Body.Close()
 		var q struct {
 			Messages int `json:"messages"`
 		}
-		if err := json.NewDecoder(resp.Body).Decode(&q); err != nil {
-			return 0, err
-		}
-		return q.Messages, nil
+		err := h.mgmtInto(http.MethodGet, "/api/queues/"+url.PathEscape(vhost)+"/transfers.journal", nil, &q)
+		return q.Messages, err
 	}
 	prev := -1
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Second) {
@@ -709,7 +696,13 @@ func (h *harness) journalMessages(vhost string) (int, error) {
 	return 0, fmt.Errorf("the stream's message count did not settle (last %d)", prev)
 }
 
+// mgmt sends a request to the management API, body in JSON if not nil.
 func (h *harness) mgmt(method, path string, body any) error {
+	return h.mgmtInto(method, path, body, nil)
+}
+
+// mgmtInto is mgmt that decodes the answer's JSON into out, if not nil.
+func (h *harness) mgmtInto(method, path string, body, out any) error {
 	var rd io.Reader
 	if body != nil {
 		b, _ := json.Marshal(body)
@@ -730,6 +723,9 @@ func (h *harness) mgmt(method, path string, body any) error {
 	if resp.StatusCode >= 300 {
 		b, _ := io.ReadAll(resp.Body)
 		return fmt.Errorf("%s %s: %d %s", method, path, resp.StatusCode, b)
+	}
+	if out != nil {
+		return json.NewDecoder(resp.Body).Decode(out)
 	}
 	return nil
 }

@@ -39,11 +39,7 @@ func (j *Journal) awaitFence(ctx context.Context, ch *amqp.Channel, a <-chan err
 			}
 			return fmt.Errorf("journal %s: %w", j.cfg.Stream, errBlocked)
 		case err := <-a:
-			if err != nil {
-				j.fail(ch)
-				return fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
-			}
-			return nil
+			return j.answered(ch, err)
 		case <-wait.Done():
 			return j.answer(wait, ch, a)
 		}

@@ -335,11 +335,7 @@ type Entry struct {
 func (j *Journal) answer(ctx context.Context, ch *amqp.Channel, a <-chan error) error {
 	select {
 	case err := <-a:
-		if err != nil {
-			j.fail(ch)
-			return fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
-		}
-		return nil
+		return j.answered(ch, err)
 	case <-ctx.Done():
 		if j.isBlocked() {
 			// The broker holds the publish until the alarm passes, and
@@ -352,6 +348,17 @@ func (j *Journal) answer(ctx context.Context, ch *amqp.Channel, a <-chan error) 
 		j.fail(ch)
 		return fmt.Errorf("journal %s: confirm: %w", j.cfg.Stream, ctx.Err())
 	}
+}
+
+// answered is what a publish's answer err, once it came, means: nil for
+// a confirm; otherwise the channel is failed (closed, a new one opened for
+// the next write) and err said of the journal.
+func (j *Journal) answered(ch *amqp.Channel, err error) error {
+	if err != nil {
+		j.fail(ch)
+		return fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
+	}
+	return nil
 }
 
 // encode encodes entries, one queue's consecutive ones, as journal
