@@ -178,6 +178,7 @@ func serve(ctx context.Context, cfg config.Config, migrations fs.FS, stderr io.W
 		ccfg.Journal = func(queue string, l event.Lane) event.Lane {
 			return jr.Wrap(queue, l.(event.MarkedLane), log) // the database's lanes are
 		}
+		ccfg.JournalReadable = jr.Readable
 	}
 	svc = consumer.New(ccfg, inbox)
 	if jr != nil {

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"time"
@@ -75,6 +76,12 @@ type Config struct {
 	// Journal, when set, wraps each worker's lane, for the worker's queue:
 	// the journal of what the service acked (JOURNAL_STREAM, adr/0014).
 	Journal func(queue string, lane event.Lane) event.Lane
+	// JournalReadable, with Journal, returns nil once a read of the
+	// journal can begin. A broker session that ended with a queue held
+	// by a read that could not (event.ErrJournalUnread) is followed by
+	// the next only once it does, as one held by the database waits for
+	// a probe of it (awaitHealthy).
+	JournalReadable func(ctx context.Context) error
 }
 
 // Retry is one in-place retry of a transient failure, or one failed probe

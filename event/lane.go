@@ -49,6 +49,12 @@ type MarkedLane interface {
 // mark; the journal holds what is missing.
 var ErrJournalGap = errors.New("the database does not hold the journal mark the service went on from")
 
+// ErrJournalUnread: a lane cannot go on before it reads the journal (the
+// database may have lost commits whose entries only the journal holds),
+// and the read cannot begin now (a broker alarm holds its fence, the
+// stream does not answer). The queue's event in hand waits meanwhile.
+var ErrJournalUnread = errors.New("the journal cannot be read now")
+
 // Spilled is one journal message kept in the database while the journal's
 // stream does not take it: one queue's entries First … Last (Entries of
 // them), as the message's body.

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"transferconsumer/event"
 )
 
 // unreadError: a read of the stream could not begin, so it read
@@ -15,6 +17,21 @@ type unreadError struct{ err error }
 
 func (e *unreadError) Error() string { return e.err.Error() }
 func (e *unreadError) Unwrap() error { return e.err }
+
+// Is makes every unreadError an event.ErrJournalUnread, for the service,
+// which holds a queue blocked by one back until the journal is readable.
+func (e *unreadError) Is(target error) bool { return target == event.ErrJournalUnread }
+
+// Readable returns nil once a read of the stream can begin (its fence is
+// confirmed, and the stream is consumed on the reading connection), and
+// otherwise an error that is an event.ErrJournalUnread; it reads no entry.
+// The service probes it before it consumes again after a broker session
+// ended with a queue held by a read that could not begin: consuming before
+// would take the same message back only to hold it again, until the next
+// consumer timeout spent one more of its deliveries.
+func (j *Journal) Readable(ctx context.Context) error {
+	return j.readAll(ctx, time.Now(), nil)
+}
 
 // fenceFor bounds how long a read waits for its fence's confirm while the
 // broker does not block the journal's publishes.

@@ -1,9 +1,12 @@
 package journal
 
 import (
+	"errors"
 	"slices"
 	"strings"
 	"testing"
+
+	"transferconsumer/event"
 )
 
 // A lane whose read of the journal cannot begin (a broker alarm holds its
@@ -40,6 +43,9 @@ func TestALaneGoesOnWithoutTheJournalOnlyFromAVouchedMark(t *testing.T) {
 	_, err := after.ApplyBatch(t.Context(), evs[8:9])
 	if err == nil || !strings.Contains(err.Error(), "timeline") {
 		t.Fatalf("a lane whose database lost commits went on without the journal (%v); want it to wait, saying why", err)
+	}
+	if !errors.Is(err, event.ErrJournalUnread) {
+		t.Errorf("the lane's error %q is not an event.ErrJournalUnread: the service would consume again before the journal can be read", err)
 	}
 	if db.mark != 5 {
 		t.Fatalf("mark %d while the lane waits, want 5", db.mark)
