@@ -22,16 +22,28 @@ const markFileSQL = `pg_relation_filenode('journal_mark')::bigint`
 // Vouch records in queue's journal mark that the database holds every
 // entry of the queue the journal holds, up to mark: the journal's lane
 // calls it once a read of the journal synced it. Nothing is recorded when
-// the database no longer holds mark. It implements the journal's Voucher.
+// the database no longer holds mark. A queue never marked (mark 0: the
+// read found no entry of it) gets its row at 0 here, vouched for, which
+// its first transaction moves on (journal_advance): a service's first
+// read, before any event, would otherwise vouch for nothing, and a
+// restart during an alarm would find every queue it marked since
+// unvouched. It implements the journal's Voucher.
 //
 // One simple-protocol Query, as Marked.
 func (l *lane) Vouch(ctx context.Context, queue string, mark int64) error {
+	identity := systemSQL + ", " + databaseSQL + ", " + markFileSQL + ", " + timelineSQL + ", pg_current_xact_id()"
 	var q strings.Builder
-	q.WriteString("UPDATE journal_mark SET vouched_system = " + systemSQL + ", vouched_database = " + databaseSQL +
-		", vouched_file = " + markFileSQL + ", vouched_timeline = " + timelineSQL + ", vouched_by = pg_current_xact_id() WHERE queue = ")
-	writeText(&q, queue)
-	q.WriteString(" AND seq = ")
-	writeInt(&q, mark)
+	if mark == 0 {
+		q.WriteString("INSERT INTO journal_mark AS m (queue, seq, vouched_system, vouched_database, vouched_file, vouched_timeline, vouched_by) SELECT ")
+		writeText(&q, queue)
+		q.WriteString(", 0, " + identity + " ON CONFLICT (queue) DO UPDATE SET (vouched_system, vouched_database, vouched_file, vouched_timeline, vouched_by) = " +
+			"(EXCLUDED.vouched_system, EXCLUDED.vouched_database, EXCLUDED.vouched_file, EXCLUDED.vouched_timeline, EXCLUDED.vouched_by) WHERE m.seq = 0")
+	} else {
+		q.WriteString("UPDATE journal_mark SET (vouched_system, vouched_database, vouched_file, vouched_timeline, vouched_by) = (SELECT " + identity + ") WHERE queue = ")
+		writeText(&q, queue)
+		q.WriteString(" AND seq = ")
+		writeInt(&q, mark)
+	}
 	if _, err := l.in.db.ExecContext(ctx, q.String()); err != nil {
 		return fmt.Errorf("vouch for the journal mark of %s: %w", queue, translate(err))
 	}

@@ -29,6 +29,29 @@ func TestAMarkIsVouchedForUntilTheDatabaseMayHaveLostCommits(t *testing.T) {
 	if seq, why := vouched(); seq != 0 || why == "" {
 		t.Fatalf("a queue never marked: %d, %q; want 0 and why not", seq, why)
 	}
+	// A read that found no entry of a queue never marked vouches for 0:
+	// the row is made there, and its first transaction moves it on, still
+	// vouched for (a restart during an alarm then goes on from it).
+	fresh := queue + "-fresh"
+	if err := l.Vouch(ctx, fresh, 0); err != nil {
+		t.Fatal(err)
+	}
+	if seq, why, err := l.Vouched(ctx, fresh); err != nil || seq != 0 || why != "" {
+		t.Fatalf("a queue never marked, vouched for at 0: %d, %q, %v; want 0 and no doubt", seq, why, err)
+	}
+	if _, err := l.ApplyMarked(ctx, []event.Event{newEvent(t, newID(), event.TransferCreated, newID(), "acc_w", "acc_x", 1)},
+		event.Mark{Queue: fresh, Prev: 0, Last: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if seq, why, err := l.Vouched(ctx, fresh); err != nil || seq != 1 || why != "" {
+		t.Fatalf("its first transaction: %d, %q, %v; want 1 and no doubt", seq, why, err)
+	}
+	if err := l.Vouch(ctx, fresh, 0); err != nil { // a read that began before that transaction
+		t.Fatal(err)
+	}
+	if seq, _, err := l.Vouched(ctx, fresh); err != nil || seq != 1 {
+		t.Fatalf("a vouch for 0 after the mark moved to 1 moved it back to %d (%v)", seq, err)
+	}
 	ev := newEvent(t, newID(), event.TransferCreated, newID(), "acc_w", "acc_x", 1)
 	if _, err := l.ApplyMarked(ctx, []event.Event{ev}, event.Mark{Queue: queue, Prev: 0, Last: 2}); err != nil {
 		t.Fatal(err)

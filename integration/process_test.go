@@ -90,8 +90,32 @@ func startProcess(t *testing.T, env []string, args ...string) *process {
 			_ = p.cmd.Process.Kill()
 			<-p.exited
 		}
+		if t.Failed() {
+			p.logQuiet(80)
+		}
 	})
 	return p
+}
+
+// logQuiet puts the last n of the process's INFO and WARN lines, which
+// the test log leaves out, into it: what a failed test's service said.
+func (p *process) logQuiet(n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var quiet []string
+	for _, line := range p.lines {
+		if line["level"] == "INFO" || line["level"] == "WARN" {
+			b, _ := json.Marshal(line)
+			quiet = append(quiet, string(b))
+		}
+	}
+	if len(quiet) > n {
+		p.t.Logf("the process's last %d INFO and WARN lines of %d:", n, len(quiet))
+		quiet = quiet[len(quiet)-n:]
+	}
+	for _, l := range quiet {
+		p.t.Log(l)
+	}
 }
 
 // count returns how many log lines have key = value.

@@ -253,7 +253,7 @@ func (j *Journal) channel() (*amqp.Channel, *answers, error) {
 		err = ch.Confirm(false)
 	}
 	if err != nil {
-		conn.Close()
+		closeConn(conn)
 		return nil, nil, fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
 	}
 	j.conn, j.ch, j.ans, j.blocked = conn, ch, follow(ch), watchBlocked(conn)
@@ -273,9 +273,17 @@ func (j *Journal) declare(ch *amqp.Channel) error {
 
 func (j *Journal) closeLocked() {
 	if j.conn != nil {
-		j.conn.Close()
+		closeConn(j.conn)
 	}
 	j.conn, j.ch, j.ans, j.blocked = nil, nil, nil, nil
+}
+
+// closeConn closes the journal's publishing connection. The broker reads
+// nothing more from a connection it blocks (an alarm), not even the close,
+// so its answer is waited for a second at most; then the socket is
+// dropped. Without the bound, a shutdown during an alarm would hang.
+func closeConn(conn *amqp.Connection) {
+	_ = conn.CloseDeadline(time.Now().Add(time.Second))
 }
 
 // watchBlocked follows conn's connection.blocked and connection.unblocked
