@@ -178,6 +178,9 @@ func writeMark(b *strings.Builder, m *event.Mark) {
 	writeInt(b, m.Prev)
 	b.WriteString(", ")
 	writeInt(b, m.Last)
+	if m.Restore {
+		b.WriteString(", true")
+	}
 	b.WriteByte(')')
 }
 
@@ -203,6 +206,11 @@ func (l *lane) Marked(ctx context.Context, queue string) (int64, time.Time, erro
 	}
 	if err != nil {
 		return 0, time.Time{}, fmt.Errorf("read the journal mark of %s: %w", queue, translate(err))
+	}
+	if mark.At.Unix() <= 0 {
+		// A row a restore made (journal_advance): no time, as with no
+		// row, and the read starts at the stream's first entry.
+		return mark.Seq, time.Time{}, nil
 	}
 	return mark.Seq, mark.At, nil
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"transferconsumer/event"
 )
@@ -148,5 +149,64 @@ func TestAParkedLetterMovesTheJournalMark(t *testing.T) {
 	var n int
 	if err := in.db.Get(&n, `SELECT count(*) FROM dead_letter_outbox WHERE event_id = $1`, letter.EventID); err != nil || n != 0 {
 		t.Fatalf("the gap's park left %d letters (%v)", n, err)
+	}
+}
+
+// The mark's time is where a read of the journal starts. An attempt's
+// move sets it to the commit's; a restore's move (Restore: entries the
+// journal holds already, written before) keeps it, so that a restore cut
+// short still reaches the rest from the moved mark. A queue's first row
+// made by a restore has no time, as a queue with no row.
+func TestARestoresMoveKeepsTheMarksTime(t *testing.T) {
+	in := NewInbox(testDB(t, 4))
+	l := in.Lane(0).(*lane)
+	defer l.Close()
+	ctx := t.Context()
+	queue := "q-" + newID()
+	ev := func() event.Event {
+		return newEvent(t, newID(), "TransferCreated", newID(), "acc-"+queue, "acc-b-"+queue, 5)
+	}
+	move := func(evs []event.Event, m event.Mark) (int64, time.Time) {
+		t.Helper()
+		m.Queue = queue
+		if _, err := l.ApplyMarked(ctx, evs, m); err != nil {
+			t.Fatal(err)
+		}
+		seq, at, err := l.Marked(ctx, queue)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return seq, at
+	}
+	move([]event.Event{ev()}, event.Mark{Prev: 0, Last: 2})
+	if _, err := in.db.Exec(`UPDATE journal_mark SET at = now() - interval '1 hour' WHERE queue = $1`, queue); err != nil {
+		t.Fatal(err)
+	}
+	_, old, err := l.Marked(ctx, queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name string
+		evs  []event.Event
+		m    event.Mark
+	}{
+		{"a restore's move alone", nil, event.Mark{Prev: 2, Last: 5, Restore: true}},
+		{"a restore's events", []event.Event{ev()}, event.Mark{Prev: 5, Last: 6, Restore: true}},
+		{"a restore's batch", []event.Event{ev(), ev()}, event.Mark{Prev: 6, Last: 8, Restore: true}},
+	} {
+		if seq, at := move(tt.evs, tt.m); seq != tt.m.Last || !at.Equal(old) {
+			t.Errorf("%s: mark %d at %s, want %d at %s, the time it had", tt.name, seq, at, tt.m.Last, old)
+		}
+	}
+	if seq, at := move([]event.Event{ev()}, event.Mark{Prev: 8, Last: 9}); seq != 9 || !at.After(old.Add(time.Minute)) {
+		t.Errorf("an attempt's move: mark %d at %s, want 9 at the commit's time, not %s", seq, at, old)
+	}
+	fresh := queue + "-restored"
+	if _, err := l.ApplyMarked(ctx, nil, event.Mark{Queue: fresh, Prev: 0, Last: 4, Restore: true}); err != nil {
+		t.Fatal(err)
+	}
+	if seq, at, err := l.Marked(ctx, fresh); err != nil || seq != 4 || !at.IsZero() {
+		t.Errorf("a queue's first row, made by a restore: mark %d at %v (%v), want 4 and no time", seq, at, err)
 	}
 }

@@ -25,9 +25,17 @@ type Lane interface {
 // sequence, and the attempt's events take Prev+1 … Last. The transaction
 // that applies them moves the database's mark from Prev to Last, or fails
 // with ErrJournalGap when the database does not hold Prev.
+//
+// The move also sets the mark's time, where a read of the journal starts:
+// to the commit's, since the entries above Last are written after it;
+// with Restore (a restore applying entries the journal holds, a loss
+// accepted) it stays where it was, since the entries above Last were
+// written before: a restore cut short goes on, from the moved mark, with
+// a read that still reaches them.
 type Mark struct {
 	Queue      string
 	Prev, Last int64
+	Restore    bool
 }
 
 // MarkedLane is a lane whose transactions also record the journal's mark,

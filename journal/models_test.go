@@ -130,6 +130,9 @@ func (l modelLane) ApplyMarked(_ context.Context, evs []event.Event, m event.Mar
 	if len(evs) > 0 {
 		d.txs++
 	}
+	if !m.Restore {
+		d.at = time.Now()
+	}
 	for i, ev := range evs {
 		switch {
 		case d.conflic[ev.ID]:
@@ -140,7 +143,7 @@ func (l modelLane) ApplyMarked(_ context.Context, evs []event.Event, m event.Mar
 			d.applied = append(d.applied, ev.ID)
 		}
 	}
-	d.mark, d.at = m.Last, time.Now()
+	d.mark = m.Last
 	return outs, nil
 }
 
@@ -148,7 +151,8 @@ func (l modelLane) ApplyMarked(_ context.Context, evs []event.Event, m event.Mar
 // the sequences its retention took.
 type stream struct {
 	entries []Entry
-	head    time.Time // when its first entry was written
+	written []time.Time // when each entry was written: a read from since takes none before it
+	head    time.Time   // when its first entry was written
 	reads   int
 	page    int // entries per page; 2 when 0
 	// stuck: a read does not answer; stuckFor is how long the last
@@ -239,6 +243,7 @@ func (s *stream) take(queue string, msgs []event.Spilled) error {
 				e, _ = w.entry(queue) // a letter's, as the real read takes it
 			}
 			s.entries = append(s.entries, e)
+			s.written = append(s.written, time.Now())
 		}
 	}
 	return nil
@@ -269,10 +274,10 @@ func (s *stream) readAll(ctx context.Context, since time.Time, wants map[string]
 	for _, w := range wants {
 		w.found = Found{Tail: w.after, FromStart: since.IsZero(), Head: s.head}
 	}
-	for _, e := range s.entries {
+	for i, e := range s.entries {
 		w := wants[e.Queue]
-		if w == nil || w.err != nil {
-			continue
+		if w == nil || w.err != nil || s.written[i].Before(since) {
+			continue // the stream's clock is the database's here: no skew
 		}
 		if s.bad[e.Seq] {
 			w.unreadable(e.Seq, e.Seq, e.Seq, errors.New("no longer decodes"))
@@ -293,7 +298,7 @@ func (s *stream) readAll(ctx context.Context, since time.Time, wants map[string]
 
 // trim drops the stream's first n entries, as its retention does.
 func (s *stream) trim(n int) {
-	s.entries = s.entries[n:]
+	s.entries, s.written = s.entries[n:], s.written[n:]
 	s.head = time.Now()
 }
 

@@ -175,7 +175,7 @@ func (r *restoring) unreadable(u *unreadable) error {
 func (l *Lane) AcceptLoss(ctx context.Context, short *ShortError) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	_, err := l.inner.ApplyMarked(ctx, nil, event.Mark{Queue: l.queue, Prev: short.Mark, Last: short.First - 1})
+	_, err := l.inner.ApplyMarked(ctx, nil, event.Mark{Queue: l.queue, Prev: short.Mark, Last: short.First - 1, Restore: true})
 	return err
 }
 
@@ -355,9 +355,11 @@ func (l *Lane) park(ctx context.Context, lt event.OutboxLetter) error {
 // reader's restore of the queue (a replica, the recover command) has moved
 // the mark to last or past it, that reader applied these entries: it
 // returns no outcomes and no error, and the mark it found, so that the two
-// restores go on together instead of each starting again.
+// restores go on together instead of each starting again. The mark's
+// time stays (event.Mark's Restore): these entries, and those above them,
+// were written before it.
 func (l *Lane) applyMarked(ctx context.Context, evs []event.Event, prev, last int64) ([]event.Outcome, int64, error) {
-	outs, err := l.inner.ApplyMarked(ctx, evs, event.Mark{Queue: l.queue, Prev: prev, Last: last})
+	outs, err := l.inner.ApplyMarked(ctx, evs, event.Mark{Queue: l.queue, Prev: prev, Last: last, Restore: true})
 	if errors.Is(err, event.ErrJournalGap) {
 		if held, _, merr := l.inner.Marked(ctx, l.queue); merr == nil && held >= last {
 			return nil, held, nil

@@ -116,6 +116,37 @@ func TestARestoreAppliesPageByPageInBatches(t *testing.T) {
 	}
 }
 
+// A restore cut short (the database gone between two pages; or the
+// watch's ten seconds, a worker's retry, a shutdown) leaves the mark where
+// its last batch moved it; the next restore goes on from there and
+// reaches every entry left. A restore's moves keep the mark's time, where
+// the next read starts: set to the batch's commit, that read began after
+// the entries left, and found none of them.
+func TestARestoreCutShortGoesOnFromWhereItStopped(t *testing.T) {
+	db, s := &database{}, &stream{}
+	l := newLane(db, s)
+	evs := events(450)
+	applyAll(t, l, evs, 1)
+	db.lose(450)
+	s.page = 200
+	pages := 0
+	s.atPage = func() {
+		if pages++; pages == 2 {
+			db.down = errors.New("connection refused")
+		}
+	}
+	if n, err := l.Check(t.Context()); err == nil || n != 200 {
+		t.Fatalf("the restore cut short after its first page: %d applied (%v), want 200 and the error", n, err)
+	}
+	db.down, s.atPage = nil, nil
+	if n, err := l.Check(t.Context()); err != nil || n != 250 {
+		t.Fatalf("the next restore applied %d (%v), want the 250 left", n, err)
+	}
+	if !slices.Equal(db.applied, ids(evs)) || db.mark != 450 {
+		t.Errorf("applied %d events, mark %d; want all 450 in order, mark 450", len(db.applied), db.mark)
+	}
+}
+
 // An entry the database refuses when it is applied again (it was applied
 // and acked once) does not hold back the others of its batch: the batch
 // is applied one by one, the refused entry ends as a dead letter with its

@@ -6,18 +6,28 @@
 -- another consumer of the queue moved the mark since; the service then
 -- reads the journal again before it goes on. A second transaction on the
 -- same queue waits for the first's row lock, then finds the mark moved.
+--
+-- The mark's time (at), where a read of the journal starts, becomes the
+-- commit's: the entries above p_last are written after it. With
+-- p_restore (a restore applying entries the journal already holds, a loss
+-- accepted) it stays: the entries above p_last were written before, and a
+-- restore cut short must still reach them from the moved mark. A queue's
+-- first row made by a restore takes the epoch, the read then starting at
+-- the stream's first entry, as it did with no row.
 
-CREATE OR REPLACE FUNCTION journal_advance(p_queue TEXT, p_prev BIGINT, p_last BIGINT) RETURNS VOID
+CREATE OR REPLACE FUNCTION journal_advance(p_queue TEXT, p_prev BIGINT, p_last BIGINT, p_restore BOOLEAN DEFAULT false) RETURNS VOID
 LANGUAGE plpgsql AS $$
 DECLARE
     held BIGINT;
 BEGIN
-    UPDATE journal_mark SET seq = p_last, at = now() WHERE queue = p_queue AND seq = p_prev;
+    UPDATE journal_mark SET seq = p_last, at = CASE WHEN p_restore THEN at ELSE now() END
+        WHERE queue = p_queue AND seq = p_prev;
     IF FOUND THEN
         RETURN;
     END IF;
     IF p_prev = 0 THEN
-        INSERT INTO journal_mark (queue, seq) VALUES (p_queue, p_last) ON CONFLICT (queue) DO NOTHING;
+        INSERT INTO journal_mark (queue, seq, at) VALUES (p_queue, p_last, CASE WHEN p_restore THEN to_timestamp(0) ELSE now() END)
+            ON CONFLICT (queue) DO NOTHING;
         IF FOUND THEN
             RETURN;
         END IF;
