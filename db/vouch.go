@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 )
 
 // The journal mark's voucher (sql/0017_journal_mark_vouched.sql,
@@ -29,17 +30,29 @@ const markFileSQL = `pg_relation_filenode('journal_mark')::bigint`
 // restart during an alarm would find every queue it marked since
 // unvouched. It implements the journal's Voucher.
 //
+// It also raises the mark's time to when the read began (began, taken to
+// the database's clock by the time elapsed since), unless the mark moved
+// later: the journal held no entry of the queue above mark before then,
+// so a later read of the queue may start there (sql/0014). An idle queue's
+// read at a start thus goes back to the last read that synced it, not to
+// when its mark last moved, days ago perhaps.
+//
 // One simple-protocol Query, as Marked.
-func (l *lane) Vouch(ctx context.Context, queue string, mark int64) error {
+func (l *lane) Vouch(ctx context.Context, queue string, mark int64, began time.Time) error {
 	identity := systemSQL + ", " + databaseSQL + ", " + markFileSQL + ", " + timelineSQL + ", pg_current_xact_id()"
+	var readAt strings.Builder // when the read began, in the database's clock
+	readAt.WriteString("now() - ")
+	writeInt(&readAt, max(time.Since(began), 0).Microseconds())
+	readAt.WriteString(" * interval '1 microsecond'")
 	var q strings.Builder
 	if mark == 0 {
-		q.WriteString("INSERT INTO journal_mark AS m (queue, seq, vouched_system, vouched_database, vouched_file, vouched_timeline, vouched_by) SELECT ")
+		q.WriteString("INSERT INTO journal_mark AS m (queue, seq, at, vouched_system, vouched_database, vouched_file, vouched_timeline, vouched_by) SELECT ")
 		writeText(&q, queue)
-		q.WriteString(", 0, " + identity + " ON CONFLICT (queue) DO UPDATE SET (vouched_system, vouched_database, vouched_file, vouched_timeline, vouched_by) = " +
-			"(EXCLUDED.vouched_system, EXCLUDED.vouched_database, EXCLUDED.vouched_file, EXCLUDED.vouched_timeline, EXCLUDED.vouched_by) WHERE m.seq = 0")
+		q.WriteString(", 0, " + readAt.String() + ", " + identity + " ON CONFLICT (queue) DO UPDATE SET (at, vouched_system, vouched_database, vouched_file, vouched_timeline, vouched_by) = " +
+			"(greatest(m.at, EXCLUDED.at), EXCLUDED.vouched_system, EXCLUDED.vouched_database, EXCLUDED.vouched_file, EXCLUDED.vouched_timeline, EXCLUDED.vouched_by) WHERE m.seq = 0")
 	} else {
-		q.WriteString("UPDATE journal_mark SET (vouched_system, vouched_database, vouched_file, vouched_timeline, vouched_by) = (SELECT " + identity + ") WHERE queue = ")
+		q.WriteString("UPDATE journal_mark SET (at, vouched_system, vouched_database, vouched_file, vouched_timeline, vouched_by) = (SELECT greatest(at, " +
+			readAt.String() + "), " + identity + ") WHERE queue = ")
 		writeText(&q, queue)
 		q.WriteString(" AND seq = ")
 		writeInt(&q, mark)

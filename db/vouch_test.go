@@ -3,6 +3,7 @@ package db
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"transferconsumer/event"
 )
@@ -33,7 +34,7 @@ func TestAMarkIsVouchedForUntilTheDatabaseMayHaveLostCommits(t *testing.T) {
 	// the row is made there, and its first transaction moves it on, still
 	// vouched for (a restart during an alarm then goes on from it).
 	fresh := queue + "-fresh"
-	if err := l.Vouch(ctx, fresh, 0); err != nil {
+	if err := l.Vouch(ctx, fresh, 0, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if seq, why, err := l.Vouched(ctx, fresh); err != nil || seq != 0 || why != "" {
@@ -46,7 +47,7 @@ func TestAMarkIsVouchedForUntilTheDatabaseMayHaveLostCommits(t *testing.T) {
 	if seq, why, err := l.Vouched(ctx, fresh); err != nil || seq != 1 || why != "" {
 		t.Fatalf("its first transaction: %d, %q, %v; want 1 and no doubt", seq, why, err)
 	}
-	if err := l.Vouch(ctx, fresh, 0); err != nil { // a read that began before that transaction
+	if err := l.Vouch(ctx, fresh, 0, time.Now()); err != nil { // a read that began before that transaction
 		t.Fatal(err)
 	}
 	if seq, _, err := l.Vouched(ctx, fresh); err != nil || seq != 1 {
@@ -60,13 +61,13 @@ func TestAMarkIsVouchedForUntilTheDatabaseMayHaveLostCommits(t *testing.T) {
 		t.Fatalf("a mark never vouched for: %q", why)
 	}
 	// At a mark the database does not hold: nothing recorded.
-	if err := l.Vouch(ctx, queue, 5); err != nil {
+	if err := l.Vouch(ctx, queue, 5, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if _, why := vouched(); !strings.Contains(why, "no read") {
 		t.Fatalf("vouched for at a mark the database does not hold: %q", why)
 	}
-	if err := l.Vouch(ctx, queue, 2); err != nil {
+	if err := l.Vouch(ctx, queue, 2, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if seq, why := vouched(); seq != 2 || why != "" {
@@ -85,7 +86,7 @@ func TestAMarkIsVouchedForUntilTheDatabaseMayHaveLostCommits(t *testing.T) {
 		{"the table made anew", `UPDATE journal_mark SET vouched_file = vouched_file + 1`, "made anew"},
 		{"a transaction ahead", `UPDATE journal_mark SET vouched_by = (pg_snapshot_xmax(pg_current_snapshot())::text::bigint + 1000)::text::xid8`, "ahead"},
 	} {
-		if err := l.Vouch(ctx, queue, 7); err != nil {
+		if err := l.Vouch(ctx, queue, 7, time.Now()); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := in.db.Exec(tt.edit+` WHERE queue = $1`, queue); err != nil {
@@ -96,7 +97,7 @@ func TestAMarkIsVouchedForUntilTheDatabaseMayHaveLostCommits(t *testing.T) {
 		}
 	}
 	// A restore's TRUNCATE gives the table another file.
-	if err := l.Vouch(ctx, queue, 7); err != nil {
+	if err := l.Vouch(ctx, queue, 7, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := in.db.Exec(`CREATE TEMP TABLE keep AS SELECT * FROM journal_mark; TRUNCATE journal_mark; INSERT INTO journal_mark SELECT * FROM keep`); err != nil {
@@ -104,5 +105,80 @@ func TestAMarkIsVouchedForUntilTheDatabaseMayHaveLostCommits(t *testing.T) {
 	}
 	if _, why := vouched(); !strings.Contains(why, "made anew") {
 		t.Errorf("after a TRUNCATE and the rows put back: %q, want it made anew", why)
+	}
+}
+
+// A vouch raises the mark's time to when the read that synced the queue
+// began, in the database's clock, so that the next read of an idle queue
+// starts there, not where its mark last moved; it never lowers it (a mark
+// that moved after the read began), and a vouch at a mark the database
+// no longer holds changes nothing.
+func TestAVouchMovesTheMarksTimeToTheStartOfTheReadThatSyncedIt(t *testing.T) {
+	in := NewInbox(testDB(t, 4))
+	l := in.Lane(0).(*lane)
+	defer l.Close()
+	ctx := t.Context()
+	queue := "q-" + newID()
+	at := func() time.Time {
+		t.Helper()
+		_, at, err := l.Marked(ctx, queue)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
+	dbNow := func() time.Time {
+		t.Helper()
+		var now time.Time
+		if err := in.db.Get(&now, `SELECT now()`); err != nil {
+			t.Fatal(err)
+		}
+		return now
+	}
+	// vouch vouches for mark after a read that began ago before, and
+	// returns the bounds its time must lie in: the database's clock
+	// before and after, less ago and the call's own time.
+	vouch := func(mark int64, ago time.Duration) (time.Time, time.Time) {
+		t.Helper()
+		before, start := dbNow(), time.Now()
+		if err := l.Vouch(ctx, queue, mark, start.Add(-ago)); err != nil {
+			t.Fatal(err)
+		}
+		took := time.Since(start)
+		return before.Add(-ago - took), dbNow().Add(-ago)
+	}
+	within := func(what string, got, lo, hi time.Time) {
+		t.Helper()
+		if got.Before(lo) || got.After(hi) {
+			t.Errorf("%s: the mark's time is %s, want it in [%s, %s]", what, got.Format(time.RFC3339Nano),
+				lo.Format(time.RFC3339Nano), hi.Format(time.RFC3339Nano))
+		}
+	}
+	// A queue never marked: its row is made at 0, at the read's start.
+	lo, hi := vouch(0, 5*time.Second)
+	within("a queue never marked, vouched for", at(), lo, hi)
+	if _, err := l.ApplyMarked(ctx, nil, event.Mark{Queue: queue, Prev: 0, Last: 3}); err != nil {
+		t.Fatal(err)
+	}
+	// An idle queue: its mark last moved an hour ago.
+	if _, err := in.db.Exec(`UPDATE journal_mark SET at = now() - interval '1 hour' WHERE queue = $1`, queue); err != nil {
+		t.Fatal(err)
+	}
+	idle := at()
+	lo, hi = vouch(3, 2*time.Second)
+	within("an idle queue's mark, vouched for by a read that began 2s ago", at(), lo, hi)
+	read := at()
+	// A read that began before the mark's time does not move it back.
+	vouch(3, 2*time.Hour)
+	if got := at(); !got.Equal(read) {
+		t.Errorf("a vouch by a read that began before the mark's time moved it from %s to %s", read, got)
+	}
+	// Nor does a vouch at a mark the database does not hold.
+	if _, err := in.db.Exec(`UPDATE journal_mark SET at = $2 WHERE queue = $1`, queue, idle); err != nil {
+		t.Fatal(err)
+	}
+	vouch(2, 0)
+	if got := at(); !got.Equal(idle) {
+		t.Errorf("a vouch at 2, the database holding 3, moved the mark's time from %s to %s", idle, got)
 	}
 }

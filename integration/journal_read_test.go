@@ -81,3 +81,58 @@ func TestAStartReadsTheJournalOnlyFromTheSkewBeforeTheMarks(t *testing.T) {
 		t.Errorf("a start with a skew of 1h read %.0f bytes, want the whole stretch's %d at least: the test shows nothing", whole, oldBytes)
 	}
 }
+
+// An idle queue's mark may have last moved days ago; a start then read
+// the journal from there, every queue's entries since, at every start.
+// Each read that syncs a queue now raises its mark's time to when the read
+// began (db's Vouch): the next start reads back only to the last read that
+// synced it. Here a queue's stretch of events is journaled and its mark
+// aged by an hour (idle since); the first start reads the whole stretch,
+// and the one after it, nothing of it.
+func TestAnIdleQueuesStartReadsBackOnlyToTheLastReadThatSyncedIt(t *testing.T) {
+	parallel(t)
+	e := newEnv(t)
+	const queues = 1
+	e.declare(queues)
+	env := e.serviceEnv(queues, "INSTANCE_NAME="+e.name+"-svc", "JOURNAL_STREAM="+prefix+".journal", "JOURNAL_CLOCK_SKEW=1s")
+	a := startProcess(t, env)
+	a.waitConsuming(1)
+	stretch := e.publishMany(300, 8)
+	waitFor(t, 60*time.Second, "the stretch applied and acked", func() bool {
+		return e.inboxCount() == len(stretch) && a.count("outcome", "applied") == len(stretch)
+	})
+	stretchBytes := 0
+	for _, tr := range stretch {
+		b, _ := json.Marshal(tr)
+		stretchBytes += len(b)
+	}
+	if err := a.stop(syscall.SIGTERM, 20*time.Second); err != nil {
+		t.Fatalf("exit after SIGTERM: %v", err)
+	}
+	// Idle for an hour, as far as the mark says; and past the skew.
+	if _, err := e.db.Exec(`UPDATE journal_mark SET at = at - interval '1 hour'`); err != nil {
+		t.Fatal(err)
+	}
+	past := time.Now().Add(2 * time.Second)
+	waitFor(t, 30*time.Second, "two seconds past the stretch", func() bool { return time.Now().After(past) })
+
+	readAtStart := func() float64 {
+		p := startProcess(t, env)
+		waitFor(t, 3*time.Minute, "the service to consume after its start's read of the journal",
+			func() bool { return p.count("msg", "consuming") >= 1 })
+		n := metricValue(getText(t, p.httpAddr()+"/metrics"), "transferconsumer_journal_read_bytes_total")
+		if err := p.stop(syscall.SIGTERM, 20*time.Second); err != nil {
+			t.Fatalf("exit after SIGTERM: %v", err)
+		}
+		return n
+	}
+	first, second := readAtStart(), readAtStart()
+	t.Logf("an idle queue's first start read %.0f bytes of the journal, the next %.0f; the stretch's events hold %d bytes",
+		first, second, stretchBytes)
+	if first < float64(stretchBytes) {
+		t.Errorf("the first start read %.0f bytes, want the stretch's %d at least: the test shows nothing", first, stretchBytes)
+	}
+	if second < 0 || second >= float64(stretchBytes) {
+		t.Errorf("the start after it read %.0f bytes, want fewer than the stretch's %d: it read back to the mark's move again", second, stretchBytes)
+	}
+}

@@ -69,14 +69,18 @@ func (l modelLane) Marked(context.Context, string) (int64, time.Time, error) {
 	return l.db.mark, l.db.at, nil
 }
 
-// Vouch vouches for the mark if the database holds it.
-func (l modelLane) Vouch(_ context.Context, _ string, mark int64) error {
+// Vouch vouches for the mark if the database holds it, and raises its
+// time to when the read began.
+func (l modelLane) Vouch(_ context.Context, _ string, mark int64, began time.Time) error {
 	if l.db.down != nil {
 		return l.db.down
 	}
 	if l.db.mark == mark {
 		l.db.vouched = true
 		l.db.vouches++
+		if began.After(l.db.at) {
+			l.db.at = began
+		}
 	}
 	return nil
 }

@@ -54,7 +54,8 @@ func (e *ShortError) Error() string {
 // own if that is higher.
 //
 // Which entries are missing is told by the sequences alone; where the read
-// starts is chosen by time: Config.Skew before the database's mark last moved.
+// starts is chosen by time: Config.Skew before the mark's time (when it last
+// moved, or when a read last synced it: Vouch).
 // When the first entry of the queue it finds is past the one after the
 // mark, it reads again from the stream's start, and if the journal begins
 // after the mark moved, its retention may have taken events no one holds
@@ -104,6 +105,7 @@ func (l *Lane) recover(ctx context.Context) (int, error) {
 // make, it returns why (the report of a journal that does not reach back,
 // while the mark stays where it was).
 func (l *Lane) startRestore(ctx context.Context) (*restoring, error) {
+	began := time.Now()
 	mark, at, err := l.inner.Marked(ctx, l.queue)
 	if err != nil {
 		return nil, err
@@ -112,7 +114,7 @@ func (l *Lane) startRestore(ctx context.Context) (*restoring, error) {
 		return nil, l.unrestorable
 	}
 	l.unrestorable = nil
-	return &restoring{ctx: ctx, l: l, mark: mark, at: at, prev: mark}, nil
+	return &restoring{ctx: ctx, l: l, mark: mark, at: at, prev: mark, began: began}, nil
 }
 
 // end ends a restore on what the read found (found) and how it ended
@@ -141,7 +143,7 @@ func (r *restoring) end(found Found, err error) (int, error) {
 			"from_seq", r.mark+1, "to_seq", r.prev)
 	}
 	if v, ok := l.inner.(Voucher); ok {
-		if err := v.Vouch(r.ctx, l.queue, r.prev); err != nil {
+		if err := v.Vouch(r.ctx, l.queue, r.prev, r.began); err != nil {
 			l.log.Warn("journal: could not record that the database holds the queue's journal; a start during an alarm will wait for the journal",
 				"queue", l.queue, "err", err)
 		}
@@ -199,6 +201,7 @@ type restoring struct {
 	l        *Lane
 	mark     int64     // the database's, when the restore began
 	at       time.Time // when it moved
+	began    time.Time // before its read's fence: what the vouch raises the mark's time to
 	prev     int64     // the mark the database holds now
 	started  bool      // the first page was judged
 	applied  int

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Voucher is a database lane that records, once a read of the journal
@@ -11,9 +12,14 @@ import (
 // (Vouch), and says later whether that database can have lost a commit
 // of the queue since (Vouched: "" when it cannot), through what a
 // failover or a restore changes: the timeline, the cluster, the database
-// (db's, sql/0017_journal_mark_vouched.sql).
+// (db's, sql/0017_journal_mark_vouched.sql). Vouch also raises the
+// mark's time to when that read began (began, on the service's clock),
+// unless the mark moved later: the journal held no entry of the queue
+// above the mark before then, so the next read of it may start there,
+// and an idle queue's start reads back only to the last read that synced
+// it, not to when its mark last moved.
 type Voucher interface {
-	Vouch(ctx context.Context, queue string, mark int64) error
+	Vouch(ctx context.Context, queue string, mark int64, began time.Time) error
 	Vouched(ctx context.Context, queue string) (mark int64, why string, err error)
 }
 

@@ -6,8 +6,10 @@
 -- exactly which journal entries it holds: every entry of the queue whose
 -- sequence is above seq is one the database lost (a failover to a standby
 -- that was behind, a point-in-time restore) and the service applies it
--- again from the journal. at is when the mark last moved: where reading
--- the journal may start.
+-- again from the journal. at is when the mark last moved, or, when later,
+-- when the last read of the journal that synced the queue began (db's
+-- Vouch): no entry above seq was written before it, so reading the journal
+-- may start there.
 --
 -- One row per queue, updated in place (a HOT update: no index covers seq).
 -- Written to run again harmlessly.
