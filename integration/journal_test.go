@@ -88,7 +88,12 @@ func TestFailoverToAnAsynchronousStandbyWithTheJournalLosesNothing(t *testing.T)
 // and the queue goes on. The journal's retention is real: a stream that
 // keeps about 20 KB in segments of 4 KB has dropped the first entries; the
 // database's loss is made by moving its mark back, as a restore to an
-// earlier time would have left it.
+// earlier time would have left it. The loss is accepted more than
+// JOURNAL_CLOCK_SKEW after the entries left were written, and they are
+// still restored: the mark reaches the journal's tail before the event in
+// hand takes the next sequence (before, the accepted loss's move set the
+// mark's time to its commit, the restore read from there, found none of
+// them, and the event in hand took a sequence the journal already held).
 func TestAGapOlderThanTheJournalIsReportedAndItsQueueWaits(t *testing.T) {
 	parallel(t)
 	e := newEnv(t)
@@ -107,7 +112,7 @@ func TestAGapOlderThanTheJournalIsReportedAndItsQueueWaits(t *testing.T) {
 		"x-max-length-bytes": int64(20000), "x-stream-max-segment-size-bytes": int64(4000)}); err != nil {
 		t.Fatal(err)
 	}
-	env := e.serviceEnv(1, "DECLARE_TOPOLOGY=false", "JOURNAL_STREAM="+stream)
+	env := e.serviceEnv(1, "DECLARE_TOPOLOGY=false", "JOURNAL_STREAM="+stream, "JOURNAL_CLOCK_SKEW=1s")
 	proc := startProcess(t, env)
 	proc.waitConsuming(1)
 	events := e.publishMany(200, 4)
@@ -141,6 +146,8 @@ func TestAGapOlderThanTheJournalIsReportedAndItsQueueWaits(t *testing.T) {
 		t.Fatalf("recover: %v\n%s\nwant exit 1 and the queue's loss named", err, out)
 	}
 	t.Logf("recover says: %s", out)
+	past := time.Now().Add(2 * time.Second) // the entries left are older than the skew
+	waitFor(t, 30*time.Second, "two seconds past the entries", func() bool { return time.Now().After(past) })
 	out, err = runCommand(t, env, "recover", "--accept-loss")
 	if err != nil || !strings.Contains(out, "accepted the loss of up to ") {
 		t.Fatalf("recover --accept-loss: %v\n%s", err, out)
@@ -148,6 +155,14 @@ func TestAGapOlderThanTheJournalIsReportedAndItsQueueWaits(t *testing.T) {
 	waitFor(t, 60*time.Second, "the event in hand applied once the loss was accepted", func() bool {
 		return e.inboxRows(held[0].EventID) == 1
 	})
+	var mark int64
+	if err := e.db.Get(&mark, `SELECT seq FROM journal_mark WHERE queue = $1`, prefix+".0"); err != nil {
+		t.Fatal(err)
+	}
+	if want := int64(len(events) + 1); mark != want {
+		t.Errorf("the queue's mark is %d after the loss was accepted and the event in hand applied, want %d: "+
+			"the journal's entries after the loss restored, then the event in hand", mark, want)
+	}
 	if err := proc.stop(syscall.SIGTERM, 20*time.Second); err != nil {
 		t.Errorf("exit after SIGTERM: %v", err)
 	}
