@@ -26,16 +26,7 @@ func TestAStartReadsTheJournalOnlyFromTheSkewBeforeTheMarks(t *testing.T) {
 		return e.serviceEnv(queues, "INSTANCE_NAME="+e.name+"-svc", "JOURNAL_STREAM="+stream, "JOURNAL_CLOCK_SKEW="+skew)
 	}
 	a := startProcess(t, env("1s"))
-	a.waitConsuming(1)
-	old := e.publishMany(300, 8)
-	waitFor(t, 60*time.Second, "the first stretch applied and acked", func() bool {
-		return e.inboxCount() == len(old) && a.count("outcome", "applied") == len(old)
-	})
-	oldBytes := 0
-	for _, tr := range old {
-		b, _ := json.Marshal(tr)
-		oldBytes += len(b)
-	}
+	old, oldBytes := journalStretch(t, e, a)
 	// Past the skew, every queue's mark moves again.
 	past := time.Now().Add(2 * time.Second)
 	waitFor(t, 30*time.Second, "two seconds past the first stretch", func() bool { return time.Now().After(past) })
@@ -59,19 +50,7 @@ func TestAStartReadsTheJournalOnlyFromTheSkewBeforeTheMarks(t *testing.T) {
 		t.Fatalf("exit after SIGTERM: %v", err)
 	}
 
-	readAtStart := func(skew string) float64 {
-		p := startProcess(t, env(skew))
-		// The start reads the stream before it consumes; beside the
-		// other tests, under -race, that has taken over a minute here.
-		waitFor(t, 3*time.Minute, "the service to consume after its start's read of the journal",
-			func() bool { return p.count("msg", "consuming") >= 1 })
-		n := metricValue(getText(t, p.httpAddr()+"/metrics"), "transferconsumer_journal_read_bytes_total")
-		if err := p.stop(syscall.SIGTERM, 20*time.Second); err != nil {
-			t.Fatalf("exit after SIGTERM: %v", err)
-		}
-		return n
-	}
-	bounded, whole := readAtStart("1s"), readAtStart("1h")
+	bounded, whole := readAtStart(t, env("1s")), readAtStart(t, env("1h"))
 	t.Logf("a start read %.0f bytes of the journal with a skew of 1s, %.0f with 1h; the first stretch's events hold %d bytes",
 		bounded, whole, oldBytes)
 	if bounded < 0 || bounded >= float64(oldBytes) {
@@ -96,16 +75,7 @@ func TestAnIdleQueuesStartReadsBackOnlyToTheLastReadThatSyncedIt(t *testing.T) {
 	e.declare(queues)
 	env := e.serviceEnv(queues, "INSTANCE_NAME="+e.name+"-svc", "JOURNAL_STREAM="+prefix+".journal", "JOURNAL_CLOCK_SKEW=1s")
 	a := startProcess(t, env)
-	a.waitConsuming(1)
-	stretch := e.publishMany(300, 8)
-	waitFor(t, 60*time.Second, "the stretch applied and acked", func() bool {
-		return e.inboxCount() == len(stretch) && a.count("outcome", "applied") == len(stretch)
-	})
-	stretchBytes := 0
-	for _, tr := range stretch {
-		b, _ := json.Marshal(tr)
-		stretchBytes += len(b)
-	}
+	_, stretchBytes := journalStretch(t, e, a)
 	if err := a.stop(syscall.SIGTERM, 20*time.Second); err != nil {
 		t.Fatalf("exit after SIGTERM: %v", err)
 	}
@@ -115,18 +85,7 @@ func TestAnIdleQueuesStartReadsBackOnlyToTheLastReadThatSyncedIt(t *testing.T) {
 	}
 	past := time.Now().Add(2 * time.Second)
 	waitFor(t, 30*time.Second, "two seconds past the stretch", func() bool { return time.Now().After(past) })
-
-	readAtStart := func() float64 {
-		p := startProcess(t, env)
-		waitFor(t, 3*time.Minute, "the service to consume after its start's read of the journal",
-			func() bool { return p.count("msg", "consuming") >= 1 })
-		n := metricValue(getText(t, p.httpAddr()+"/metrics"), "transferconsumer_journal_read_bytes_total")
-		if err := p.stop(syscall.SIGTERM, 20*time.Second); err != nil {
-			t.Fatalf("exit after SIGTERM: %v", err)
-		}
-		return n
-	}
-	first, second := readAtStart(), readAtStart()
+	first, second := readAtStart(t, env), readAtStart(t, env)
 	t.Logf("an idle queue's first start read %.0f bytes of the journal, the next %.0f; the stretch's events hold %d bytes",
 		first, second, stretchBytes)
 	if first < float64(stretchBytes) {
@@ -135,4 +94,38 @@ func TestAnIdleQueuesStartReadsBackOnlyToTheLastReadThatSyncedIt(t *testing.T) {
 	if second < 0 || second >= float64(stretchBytes) {
 		t.Errorf("the start after it read %.0f bytes, want fewer than the stretch's %d: it read back to the mark's move again", second, stretchBytes)
 	}
+}
+
+// journalStretch has p, once consuming, apply and ack a stretch of 300
+// events, and returns them with the bytes of their bodies.
+func journalStretch(t *testing.T, e *env, p *process) ([]transfer, int) {
+	t.Helper()
+	p.waitConsuming(1)
+	stretch := e.publishMany(300, 8)
+	waitFor(t, 60*time.Second, "the stretch applied and acked", func() bool {
+		return e.inboxCount() == len(stretch) && p.count("outcome", "applied") == len(stretch)
+	})
+	n := 0
+	for _, tr := range stretch {
+		b, _ := json.Marshal(tr)
+		n += len(b)
+	}
+	return stretch, n
+}
+
+// readAtStart starts the service with env, and returns how many bytes
+// of the journal its start read (transferconsumer_journal_read_bytes_total)
+// once it consumes; then it stops it.
+func readAtStart(t *testing.T, env []string) float64 {
+	t.Helper()
+	p := startProcess(t, env)
+	// The start reads the stream before it consumes; beside the other
+	// tests, under -race, that has taken over a minute here.
+	waitFor(t, 3*time.Minute, "the service to consume after its start's read of the journal",
+		func() bool { return p.count("msg", "consuming") >= 1 })
+	n := metricValue(getText(t, p.httpAddr()+"/metrics"), "transferconsumer_journal_read_bytes_total")
+	if err := p.stop(syscall.SIGTERM, 20*time.Second); err != nil {
+		t.Fatalf("exit after SIGTERM: %v", err)
+	}
+	return n
 }

@@ -93,12 +93,7 @@ func TestALaneWhoseMarkAnotherMovedReadsTheJournalBeforeItApplies(t *testing.T) 
 // restoreBatch events, and each page of the read before the next is
 // read, so a gap of any size holds one page in memory.
 func TestARestoreAppliesPageByPageInBatches(t *testing.T) {
-	db, s := &database{}, &stream{}
-	l := newLane(db, s)
-	evs := events(450)
-	applyAll(t, l, evs, 1)
-	db.lose(450)
-	s.page = 200
+	db, s, l := lostInPages(t, 450, 200)
 	var marks []int64
 	s.atPage = func() { marks = append(marks, db.mark) }
 	txs := db.txs
@@ -116,6 +111,18 @@ func TestARestoreAppliesPageByPageInBatches(t *testing.T) {
 	}
 }
 
+// lostInPages returns a lane that applied and journaled n events, one per
+// transaction, all of which its database then lost, over a stream that
+// hands them over in pages of page entries.
+func lostInPages(t *testing.T, n, page int) (*database, *stream, *Lane) {
+	t.Helper()
+	db, s := &database{}, &stream{page: page}
+	l := newLane(db, s)
+	applyAll(t, l, events(n), 1)
+	db.lose(n)
+	return db, s, l
+}
+
 // A restore cut short (the database gone between two pages; or the
 // watch's ten seconds, a worker's retry, a shutdown) leaves the mark where
 // its last batch moved it; the next restore goes on from there and
@@ -123,12 +130,7 @@ func TestARestoreAppliesPageByPageInBatches(t *testing.T) {
 // the next read starts: set to the batch's commit, that read began after
 // the entries left, and found none of them.
 func TestARestoreCutShortGoesOnFromWhereItStopped(t *testing.T) {
-	db, s := &database{}, &stream{}
-	l := newLane(db, s)
-	evs := events(450)
-	applyAll(t, l, evs, 1)
-	db.lose(450)
-	s.page = 200
+	db, s, l := lostInPages(t, 450, 200)
 	pages := 0
 	s.atPage = func() {
 		if pages++; pages == 2 {
@@ -142,7 +144,7 @@ func TestARestoreCutShortGoesOnFromWhereItStopped(t *testing.T) {
 	if n, err := l.Check(t.Context()); err != nil || n != 250 {
 		t.Fatalf("the next restore applied %d (%v), want the 250 left", n, err)
 	}
-	if !slices.Equal(db.applied, ids(evs)) || db.mark != 450 {
+	if !slices.Equal(db.applied, ids(events(450))) || db.mark != 450 {
 		t.Errorf("applied %d events, mark %d; want all 450 in order, mark 450", len(db.applied), db.mark)
 	}
 }
