@@ -85,17 +85,21 @@ func TestAStartDuringAnAlarmGoesOnFromTheMarkItsFirstReadVouchedFor(t *testing.T
 		return err
 	}
 
+	began := time.Now()
+	stage := func(what string) { t.Logf("%5.1f s: %s", time.Since(began).Seconds(), what) }
 	first := journal.New(cfg)
 	first.RestoreAtStart(t.Context(), []string{queue}, newLane, log)
+	stage("the first replica compared the queue with the journal")
 	l := first.Wrap(queue, newLane(), log)
 	if err := apply(l, 3); err != nil {
-		t.Fatal(err)
+		t.Fatalf("the first replica, before any alarm: %v; want its events applied", err)
 	}
 	select {
 	case <-l.Journaled():
 	case <-time.After(30 * time.Second):
-		t.Fatal("the first events' entries were not confirmed in 30 s")
+		t.Fatal("the first events' entries were not confirmed in 30 s, before any alarm; want them confirmed")
 	}
+	stage("its entries confirmed")
 	l.Close()
 	first.Close()
 
@@ -108,7 +112,9 @@ func TestAStartDuringAnAlarmGoesOnFromTheMarkItsFirstReadVouchedFor(t *testing.T
 		defer cancel()
 		return errors.Is(second.Readable(ctx), event.ErrJournalUnread)
 	})
+	stage("the alarm raised, the second replica's journal unreadable")
 	second.RestoreAtStart(t.Context(), []string{queue}, newLane, log)
+	stage("the second replica went on from the vouched mark, or gave up")
 	l2 := second.Wrap(queue, newLane(), log)
 	if err := apply(l2, 2); err != nil {
 		l2.Close()
@@ -128,7 +134,8 @@ func TestAStartDuringAnAlarmGoesOnFromTheMarkItsFirstReadVouchedFor(t *testing.T
 	}()
 	select {
 	case <-closed:
+		stage("closed during the alarm")
 	case <-time.After(20 * time.Second):
-		t.Error("closing the journal during the alarm did not return in 20 s: a shutdown during an alarm would hang")
+		t.Error("closing the journal during the alarm did not return in 20 s; want it to return: a shutdown during an alarm would hang")
 	}
 }
