@@ -52,6 +52,11 @@ func TestJournalMarkMovesWithItsTransaction(t *testing.T) {
 		t.Fatalf("the gap's attempt applied its event (%d rows, %v)", n, err)
 	}
 
+	// Moved on only once a read of the journal vouched for the mark
+	// (TestAMarkMovesOnlyWhileVouchedForInThisDatabase).
+	if err := l.Vouch(t.Context(), queue, 1, time.Now()); err != nil {
+		t.Fatal(err)
+	}
 	batch := []event.Event{ev(), ev(), first}
 	outs, err := l.ApplyMarked(t.Context(), batch, event.Mark{Queue: queue, Prev: 1, Last: 4})
 	if err != nil || len(outs) != 3 || !outs[2].Duplicate {
@@ -198,6 +203,9 @@ func TestARestoresMoveKeepsTheMarksTime(t *testing.T) {
 		if seq, at := move(tt.evs, tt.m); seq != tt.m.Last || !at.Equal(old) {
 			t.Errorf("%s: mark %d at %s, want %d at %s, the time it had", tt.name, seq, at, tt.m.Last, old)
 		}
+	}
+	if err := l.Vouch(ctx, queue, 8, old); err != nil { // the read that synced the restored queue
+		t.Fatal(err)
 	}
 	if seq, at := move([]event.Event{ev()}, event.Mark{Prev: 8, Last: 9}); seq != 9 || !at.After(old.Add(time.Minute)) {
 		t.Errorf("an attempt's move: mark %d at %s, want 9 at the commit's time, not %s", seq, at, old)

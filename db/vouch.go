@@ -13,12 +13,10 @@ import (
 // adr/0014): what lets a queue's lane go on from its mark without reading
 // the journal while an alarm holds the read.
 
-// databaseSQL is this database's identity: a database created anew (a
-// logical restore into another one) has another oid, and a table emptied
-// and filled again (TRUNCATE, a restore with --clean) another file.
-const databaseSQL = `(SELECT oid FROM pg_database WHERE datname = current_database())::bigint`
-
-const markFileSQL = `pg_relation_filenode('journal_mark')::bigint`
+// Which database vouched is journal_here's (sql/functions): a database
+// created anew (a logical restore into another one) has another oid, a
+// table emptied and filled again (TRUNCATE, a restore with --clean)
+// another file, a failover or a point-in-time restore another timeline.
 
 // Vouch records in queue's journal mark that the database holds every
 // entry of the queue the journal holds, up to mark: the journal's lane
@@ -39,7 +37,7 @@ const markFileSQL = `pg_relation_filenode('journal_mark')::bigint`
 //
 // One simple-protocol Query, as Marked.
 func (l *lane) Vouch(ctx context.Context, queue string, mark int64, began time.Time) error {
-	identity := systemSQL + ", " + databaseSQL + ", " + markFileSQL + ", " + timelineSQL + ", pg_current_xact_id()"
+	const identity = "h.system, h.database, h.file, h.timeline, pg_current_xact_id()"
 	var readAt strings.Builder // when the read began, in the database's clock
 	readAt.WriteString("now() - ")
 	writeInt(&readAt, max(time.Since(began), 0).Microseconds())
@@ -48,11 +46,11 @@ func (l *lane) Vouch(ctx context.Context, queue string, mark int64, began time.T
 	if mark == 0 {
 		q.WriteString("INSERT INTO journal_mark AS m (queue, seq, at, vouched_system, vouched_database, vouched_file, vouched_timeline, vouched_by) SELECT ")
 		writeText(&q, queue)
-		q.WriteString(", 0, " + readAt.String() + ", " + identity + " ON CONFLICT (queue) DO UPDATE SET (at, vouched_system, vouched_database, vouched_file, vouched_timeline, vouched_by) = " +
+		q.WriteString(", 0, " + readAt.String() + ", " + identity + " FROM journal_here() h ON CONFLICT (queue) DO UPDATE SET (at, vouched_system, vouched_database, vouched_file, vouched_timeline, vouched_by) = " +
 			"(greatest(m.at, EXCLUDED.at), EXCLUDED.vouched_system, EXCLUDED.vouched_database, EXCLUDED.vouched_file, EXCLUDED.vouched_timeline, EXCLUDED.vouched_by) WHERE m.seq = 0")
 	} else {
 		q.WriteString("UPDATE journal_mark SET (at, vouched_system, vouched_database, vouched_file, vouched_timeline, vouched_by) = (SELECT greatest(at, " +
-			readAt.String() + "), " + identity + ") WHERE queue = ")
+			readAt.String() + "), " + identity + " FROM journal_here() h) WHERE queue = ")
 		writeText(&q, queue)
 		q.WriteString(" AND seq = ")
 		writeInt(&q, mark)
@@ -82,8 +80,7 @@ const vouchedSQL = `SELECT m.seq, CASE
     WHEN current_setting('fsync') <> 'on' OR current_setting('synchronous_commit') = 'off'
         THEN 'the server may lose commits in a crash (fsync or synchronous_commit is off)'
     END AS why
-FROM journal_mark m, (SELECT ` + systemSQL + ` AS system, ` + databaseSQL + ` AS database, ` + markFileSQL + ` AS file, ` +
-	timelineSQL + ` AS timeline) s
+FROM journal_mark m, journal_here() s
 WHERE m.queue = `
 
 // Vouched returns queue's journal mark, and "" when the database can have
@@ -106,4 +103,31 @@ func (l *lane) Vouched(ctx context.Context, queue string) (int64, string, error)
 		return 0, "", fmt.Errorf("read the journal mark of %s and its voucher: %w", queue, translate(err))
 	}
 	return row.Seq, row.Why.String, nil
+}
+
+// VouchedHere returns queue's journal mark, and whether a read of the
+// journal vouched for it in this database as it is now (the same
+// cluster, database, table file and timeline: journal_vouched_here), so
+// that whoever moved it since, no commit of the queue can have been lost.
+// journal_advance requires it of every transaction that is not a
+// restore's; the journal's watch asks it of a lane it holds synced, so
+// that an idle queue is restored after a failover that took back what
+// another consumer of it had applied. One simple-protocol Query, as
+// Marked. It implements the journal's Voucher.
+func (l *lane) VouchedHere(ctx context.Context, queue string) (int64, bool, error) {
+	var row struct {
+		Seq  int64 `db:"seq"`
+		Here bool  `db:"here"`
+	}
+	var q strings.Builder
+	q.WriteString("SELECT m.seq, journal_vouched_here(m) AS here FROM journal_mark m WHERE m.queue = ")
+	writeText(&q, queue)
+	err := l.in.db.GetContext(ctx, &row, q.String())
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("read the journal mark of %s and whether it is vouched for here: %w", queue, translate(err))
+	}
+	return row.Seq, row.Here, nil
 }

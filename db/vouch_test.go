@@ -1,6 +1,7 @@
 package db
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -180,5 +181,98 @@ func TestAVouchMovesTheMarksTimeToTheStartOfTheReadThatSyncedIt(t *testing.T) {
 	vouch(2, 0)
 	if got := at(); !got.Equal(idle) {
 		t.Errorf("a vouch at 2, the database holding 3, moved the mark's time from %s to %s", idle, got)
+	}
+}
+
+// A transaction that is not a restore's moves a queue's mark only while a
+// read of the journal vouched for it in this database as it is now
+// (journal_vouched_here): never vouched for, or vouched for before a
+// failover or a restore (another timeline, cluster or table file), it
+// fails with ErrJournalGap and applies nothing, so that the lane reads
+// the journal before it takes sequences another consumer of the queue may
+// have journaled and the database lost. A restore's moves go on, and the
+// read's vouch lets the queue's transactions move it again. VouchedHere
+// says the same in one simple query.
+func TestAMarkMovesOnlyWhileVouchedForInThisDatabase(t *testing.T) {
+	in := NewInbox(testDB(t, 4))
+	l := in.Lane(0).(*lane)
+	defer l.Close()
+	ctx := t.Context()
+	queue := "q-" + newID()
+	applied := func(ev event.Event) bool {
+		t.Helper()
+		var n int
+		if err := in.db.Get(&n, `SELECT count(*) FROM processed_event WHERE event_id = $1`, ev.ID); err != nil {
+			t.Fatal(err)
+		}
+		return n == 1
+	}
+	here := func(want int64) bool {
+		t.Helper()
+		seq, here, err := l.VouchedHere(ctx, queue)
+		if err != nil || seq != want {
+			t.Fatalf("VouchedHere: %d, %v; want mark %d", seq, err, want)
+		}
+		return here
+	}
+	if seq, here, err := l.VouchedHere(ctx, queue); err != nil || seq != 0 || here {
+		t.Fatalf("a queue never marked: %d, %v, %v; want 0, not vouched for", seq, here, err)
+	}
+	next := func(prev int64) error {
+		t.Helper()
+		ev := newEvent(t, newID(), event.TransferCreated, newID(), "acc_v", "acc_y", 1)
+		_, err := l.ApplyMarked(ctx, []event.Event{ev}, event.Mark{Queue: queue, Prev: prev, Last: prev + 1})
+		if err != nil && applied(ev) {
+			t.Fatalf("a refused transaction applied its event: %v", err)
+		}
+		return err
+	}
+	if err := next(0); err != nil { // the row is made, not vouched for
+		t.Fatal(err)
+	}
+	if here(1) {
+		t.Fatalf("a mark no read vouched for is vouched for here")
+	}
+	if err := next(1); !errors.Is(err, event.ErrJournalGap) || !strings.Contains(err.Error(), "vouched") {
+		t.Fatalf("moving a mark no read vouched for: %v, want ErrJournalGap saying why", err)
+	}
+	if err := l.Vouch(ctx, queue, 1, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if !here(1) {
+		t.Fatalf("vouched for at 1, and not here")
+	}
+	if err := next(1); err != nil {
+		t.Fatalf("moving a vouched mark: %v", err)
+	}
+	if !here(2) {
+		t.Fatalf("a vouched mark moved on in the same database is no longer vouched for here")
+	}
+	for _, tt := range []struct{ name, edit string }{
+		{"another timeline (a failover, a point-in-time restore)", `UPDATE journal_mark SET vouched_timeline = vouched_timeline + 1`},
+		{"another cluster", `UPDATE journal_mark SET vouched_system = vouched_system + 1`},
+		{"the table made anew (a logical restore)", `UPDATE journal_mark SET vouched_file = vouched_file + 1`},
+	} {
+		if err := l.Vouch(ctx, queue, 2, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := in.db.Exec(tt.edit+` WHERE queue = $1`, queue); err != nil {
+			t.Fatal(err)
+		}
+		if here(2) {
+			t.Errorf("%s: still vouched for here", tt.name)
+		}
+		if err := next(2); !errors.Is(err, event.ErrJournalGap) {
+			t.Errorf("%s: the mark moved (%v), want ErrJournalGap", tt.name, err)
+		}
+	}
+	if _, err := l.ApplyMarked(ctx, nil, event.Mark{Queue: queue, Prev: 2, Last: 5, Restore: true}); err != nil {
+		t.Fatalf("a restore's move of a mark not vouched for here: %v", err)
+	}
+	if err := l.Vouch(ctx, queue, 5, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := next(5); err != nil {
+		t.Fatalf("after the restore's read vouched for it: %v", err)
 	}
 }

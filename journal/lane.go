@@ -123,7 +123,8 @@ func (l *Lane) ApplyBatch(ctx context.Context, evs []event.Event) ([]event.Outco
 		outs, err := l.inner.ApplyMarked(ctx, evs, m)
 		if errors.Is(err, event.ErrJournalGap) {
 			l.synced = false
-			l.log.Warn("journal: the database does not hold the mark the worker went on from; reading the journal again",
+			l.log.Warn("journal: the database does not hold the mark the worker went on from, or no read of the journal vouched for it "+
+				"since a failover or a restore; reading the journal again",
 				"queue", l.queue, "err", err)
 			if again {
 				continue
@@ -193,9 +194,12 @@ func (l *Lane) Park(ctx context.Context, lt event.OutboxLetter) error {
 // watch does for every lane while its worker waits for events, so that
 // what a database lost (a failover, a restore) is applied again without
 // waiting for the queue's next event. It restores (Recover) when the
-// database holds less than the lane went on from, or when the lane is not
+// database holds less than the lane went on from, when the lane is not
 // synced (a restore that failed, or a lane not used yet) and the mark
-// stands still. A mark that moves past the lane's is moved by another
+// stands still, and when no read vouched for the mark in the database as
+// it is now (a failover or a restore since: what another replica applied
+// after this lane last looked may be gone with it, the mark back where
+// this lane left it). A mark that moves past the lane's is moved by another
 // reader (a replica consuming the queue, the recover command): the lane
 // is then no longer synced, and reads the journal before it applies
 // again, in case the database loses what the other reader had moved.
@@ -212,13 +216,13 @@ func (l *Lane) Check(ctx context.Context) (int, error) {
 		return 0, nil
 	}
 	read, cancel := context.WithTimeout(ctx, markReadFor)
-	mark, _, err := l.inner.Marked(read, l.queue)
+	mark, here, err := l.markHere(read)
 	cancel()
 	if err != nil {
 		return 0, err
 	}
 	switch {
-	case l.synced && mark == l.prev:
+	case l.synced && mark == l.prev && here:
 		return 0, nil
 	case l.synced && mark > l.prev, !l.synced && l.checked && mark > l.seen:
 		l.synced, l.seen, l.checked = false, mark, true
@@ -229,6 +233,17 @@ func (l *Lane) Check(ctx context.Context) (int, error) {
 		l.seen, l.checked = mark, true
 	}
 	return n, err
+}
+
+// markHere returns the database's mark, and whether a read of the
+// journal vouched for it in the database as it is now (Voucher); a lane
+// over a database that cannot say takes its mark as vouched for.
+func (l *Lane) markHere(ctx context.Context) (int64, bool, error) {
+	if v, ok := l.inner.(Voucher); ok {
+		return v.VouchedHere(ctx, l.queue)
+	}
+	mark, _, err := l.inner.Marked(ctx, l.queue)
+	return mark, true, err
 }
 
 // markReadFor bounds a check's read of the mark, so that a database that

@@ -96,6 +96,23 @@ func (l modelLane) Vouched(context.Context, string) (int64, string, error) {
 	return l.db.mark, "", nil
 }
 
+// VouchedHere says whether a vouch came after the last loss.
+func (l modelLane) VouchedHere(context.Context, string) (int64, bool, error) {
+	if l.db.down != nil {
+		return 0, false, l.db.down
+	}
+	return l.db.mark, l.db.vouched, nil
+}
+
+// unvouched is journal_advance's refusal of a mark no read vouched for
+// since the last loss, unless the move is a restore's.
+func (d *database) unvouched(m event.Mark) error {
+	if m.Restore || d.vouched || d.mark != m.Prev {
+		return nil
+	}
+	return event.Transient(fmt.Errorf("%w: holds %d, vouched for before a loss", event.ErrJournalGap, d.mark))
+}
+
 // ParkMarked parks lt in the database's outbox (letters) and moves the
 // mark, as one commit.
 func (l modelLane) ParkMarked(_ context.Context, lt event.OutboxLetter, m event.Mark) error {
@@ -105,6 +122,9 @@ func (l modelLane) ParkMarked(_ context.Context, lt event.OutboxLetter, m event.
 	}
 	if d.mark != m.Prev {
 		return event.Transient(fmt.Errorf("%w: holds %d, went on from %d", event.ErrJournalGap, d.mark, m.Prev))
+	}
+	if err := d.unvouched(m); err != nil {
+		return err
 	}
 	d.commits = append(d.commits, commit{d.mark, d.at, len(d.applied)})
 	d.parked = append(d.parked, lt.EventID)
@@ -123,6 +143,9 @@ func (l modelLane) ApplyMarked(_ context.Context, evs []event.Event, m event.Mar
 	}
 	if d.mark != m.Prev {
 		return nil, event.Transient(fmt.Errorf("%w: holds %d, went on from %d", event.ErrJournalGap, d.mark, m.Prev))
+	}
+	if err := d.unvouched(m); err != nil {
+		return nil, err
 	}
 	outs := make([]event.Outcome, len(evs))
 	for _, ev := range evs {

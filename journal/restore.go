@@ -144,7 +144,8 @@ func (r *restoring) end(found Found, err error) (int, error) {
 	}
 	if v, ok := l.inner.(Voucher); ok {
 		if err := v.Vouch(r.ctx, l.queue, r.prev, r.began); err != nil {
-			l.log.Warn("journal: could not record that the database holds the queue's journal; a start during an alarm will wait for the journal",
+			l.log.Warn("journal: could not record that the database holds the queue's journal; its next transaction reads the journal again, "+
+				"and a start during an alarm will wait for the journal",
 				"queue", l.queue, "err", err)
 		}
 	}

@@ -18,9 +18,19 @@ import (
 // above the mark before then, so the next read of it may start there,
 // and an idle queue's start reads back only to the last read that synced
 // it, not to when its mark last moved.
+//
+// VouchedHere says whether a read vouched for the mark in the database
+// as it is now (the same cluster, database and timeline), whatever moved
+// it since: the database then has lost no commit of the queue, its own or
+// another consumer's. The database's transactions that move the mark
+// require it (journal_advance, sql/functions/journal_vouched_here.sql),
+// and the watch asks it of a lane it holds synced (Check), so that a
+// failover that took back what another replica applied after this lane
+// last looked is found before this lane takes those sequences again.
 type Voucher interface {
 	Vouch(ctx context.Context, queue string, mark int64, began time.Time) error
 	Vouched(ctx context.Context, queue string) (mark int64, why string, err error)
+	VouchedHere(ctx context.Context, queue string) (mark int64, here bool, err error)
 }
 
 // goOnVouched ends a restore whose read of the journal could not begin

@@ -89,6 +89,40 @@ func TestALaneWhoseMarkAnotherMovedReadsTheJournalBeforeItApplies(t *testing.T) 
 	}
 }
 
+// The same, but a never looks while b applies: the database loses all
+// that b applied (a failover to a standby that was behind), back to the
+// very mark a holds synced, and b is gone. The mark is where a left it,
+// so only the failover tells: the database no longer vouches for the
+// mark (journal_advance refuses to move it, and the watch's check sees
+// it), and a reads the journal before it takes b's sequences again: at
+// its first event, or at the watch's check while the queue is idle.
+// Before, a went on from the mark as synced: its event took b's first
+// sequence, and b's six events, acked, were never applied again.
+func TestALaneGoesOnAfterAFailoverOnlyOnceItReadTheJournal(t *testing.T) {
+	for _, idle := range []bool{false, true} {
+		db, s := &database{}, &stream{}
+		a, b := newLane(db, s), newLane(db, s)
+		if _, err := a.Check(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		evs := events(7)
+		applyAll(t, b, evs[:6], 1)
+		db.lose(6)
+		if idle {
+			if _, err := a.Check(t.Context()); err != nil {
+				t.Fatal(err)
+			}
+			if want := ids(evs[:6]); !slices.Equal(db.applied, want) || db.mark != 6 {
+				t.Fatalf("the watch's check of the idle queue: applied %v (mark %d), want %v (mark 6)", db.applied, db.mark, want)
+			}
+		}
+		applyAll(t, a, evs[6:], 1)
+		if want := ids(evs); !slices.Equal(db.applied, want) || db.mark != 7 {
+			t.Fatalf("idle %v: applied %v (mark %d), want %v (mark 7)", idle, db.applied, db.mark, want)
+		}
+	}
+}
+
 // A restore applies the journal's entries in transactions of up to
 // restoreBatch events, and each page of the read before the next is
 // read, so a gap of any size holds one page in memory.

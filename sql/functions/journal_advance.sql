@@ -14,14 +14,21 @@
 -- restore cut short must still reach them from the moved mark. A queue's
 -- first row made by a restore takes the epoch, the read then starting at
 -- the stream's first entry, as it did with no row.
+--
+-- Unless p_restore, the mark moves only while a read of the journal has
+-- vouched for it in this database as it is now (journal_vouched_here):
+-- after a failover or a restore, the mark a lane went on from may be one
+-- the database came back to, having lost what another consumer of the
+-- queue applied after it (a handover), so the transaction raises TCJ01
+-- and the lane reads the journal first, which vouches for the mark anew.
 
 CREATE OR REPLACE FUNCTION journal_advance(p_queue TEXT, p_prev BIGINT, p_last BIGINT, p_restore BOOLEAN DEFAULT false) RETURNS VOID
 LANGUAGE plpgsql AS $$
 DECLARE
     held BIGINT;
 BEGIN
-    UPDATE journal_mark SET seq = p_last, at = CASE WHEN p_restore THEN at ELSE now() END
-        WHERE queue = p_queue AND seq = p_prev;
+    UPDATE journal_mark m SET seq = p_last, at = CASE WHEN p_restore THEN m.at ELSE now() END
+        WHERE m.queue = p_queue AND m.seq = p_prev AND (p_restore OR journal_vouched_here(m));
     IF FOUND THEN
         RETURN;
     END IF;
@@ -33,6 +40,12 @@ BEGIN
         END IF;
     END IF;
     SELECT seq INTO held FROM journal_mark WHERE queue = p_queue;
+    IF held = p_prev THEN
+        RAISE EXCEPTION 'journal gap on %: the database holds entry %, but no read of the journal has vouched for it in this '
+            'database as it is now (a failover or a restore since, or never read), so it may lack what another consumer '
+            'of the queue applied after it', p_queue, held
+            USING ERRCODE = 'TCJ01';
+    END IF;
     RAISE EXCEPTION 'journal gap on %: the database holds entry %, the service went on from %',
         p_queue, coalesce(held, 0), p_prev
         USING ERRCODE = 'TCJ01';
