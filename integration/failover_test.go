@@ -42,6 +42,20 @@ func standbyOf(primary *pgCluster, name, via string) *pgCluster {
 	return s
 }
 
+// asyncPair starts a primary of the test's own and an asynchronous
+// standby of it, streaming through a proxy (replication) that the test can
+// cut to hold the standby behind; admin is the primary's.
+func asyncPair(t *testing.T) (primary, standby *pgCluster, admin *sqlx.DB, replication *proxy) {
+	t.Helper()
+	primary = newPGCluster(t)
+	admin = sqlx.MustOpen("postgres", primary.adminURL())
+	t.Cleanup(func() { admin.Close() })
+	replication = newProxy(t, primary.addr())
+	standby = standbyOf(primary, "standby1", replication.addr)
+	streaming(t, admin, "standby1", "async")
+	return primary, standby, admin, replication
+}
+
 // streaming waits until the primary sees standby name streaming, in
 // sync_state want ("async" or "sync").
 func streaming(t *testing.T, admin *sqlx.DB, name, want string) {
@@ -212,12 +226,7 @@ func TestFailoverToASynchronousStandbyLosesNothing(t *testing.T) {
 // that a failover could lose acked events.
 func TestFailoverToAnAsynchronousStandbyLosesAckedEvents(t *testing.T) {
 	parallel(t) // on servers of its own
-	primary := newPGCluster(t)
-	admin := sqlx.MustOpen("postgres", primary.adminURL())
-	t.Cleanup(func() { admin.Close() })
-	replication := newProxy(t, primary.addr())
-	standby := standbyOf(primary, "standby1", replication.addr)
-	streaming(t, admin, "standby1", "async")
+	primary, standby, admin, replication := asyncPair(t)
 	e := newEnvOn(t, primary.adminURL())
 	e.declare(2)
 

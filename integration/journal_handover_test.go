@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jmoiron/sqlx"
-
 	"transferconsumer/db"
 	"transferconsumer/event"
 	"transferconsumer/journal"
@@ -28,12 +26,7 @@ import (
 // it needs no broker.)
 func TestFailoverToAStandbyBehindMovesNoMarkUntilAReadVouchedForIt(t *testing.T) {
 	parallel(t)
-	primary := newPGCluster(t)
-	admin := sqlx.MustOpen("postgres", primary.adminURL())
-	t.Cleanup(func() { admin.Close() })
-	replication := newProxy(t, primary.addr())
-	standby := standbyOf(primary, "standby1", replication.addr)
-	streaming(t, admin, "standby1", "async")
+	primary, standby, admin, replication := asyncPair(t)
 	e := newEnvOn(t, primary.adminURL())
 	queue := e.name + ".0"
 	type lane interface {

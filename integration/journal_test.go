@@ -32,12 +32,7 @@ func TestFailoverToAnAsynchronousStandbyWithTheJournalLosesNothing(t *testing.T)
 	for _, batch := range []int{1, 50} {
 		t.Run(fmt.Sprintf("BATCH_MAX %d", batch), func(t *testing.T) {
 			t.Parallel() // each on servers of its own
-			primary := newPGCluster(t)
-			admin := sqlx.MustOpen("postgres", primary.adminURL())
-			t.Cleanup(func() { admin.Close() })
-			replication := newProxy(t, primary.addr())
-			standby := standbyOf(primary, "standby1", replication.addr)
-			streaming(t, admin, "standby1", "async")
+			primary, standby, admin, replication := asyncPair(t)
 			e := newEnvOn(t, primary.adminURL())
 			e.declare(2)
 			e.recordApplyOrder()
