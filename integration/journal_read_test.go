@@ -6,6 +6,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"transferconsumer/journal"
 )
 
 // What a start (or a handover: the next replica's start) reads of the
@@ -93,6 +95,42 @@ func TestAnIdleQueuesStartReadsBackOnlyToTheLastReadThatSyncedIt(t *testing.T) {
 	}
 	if second < 0 || second >= float64(stretchBytes) {
 		t.Errorf("the start after it read %.0f bytes, want fewer than the stretch's %d: it read back to the mark's move again", second, stretchBytes)
+	}
+}
+
+// A service that runs for weeks without a restart read, at its next
+// start, an idle queue's journal back to the last read that synced it:
+// weeks. The watch's check of an idle queue, every 30 s, now raises its
+// mark's time to when the check began, the mark being where the lane left
+// it and vouched for in this database. Here the mark is aged by an hour
+// while the service runs: its check brings the time back within the
+// minute, and the next start reads nothing of the stretch before it.
+func TestAnIdleQueuesMarkTimeFollowsTheWatchsChecks(t *testing.T) {
+	parallel(t)
+	e := newEnv(t)
+	const queues = 1
+	e.declare(queues)
+	env := e.serviceEnv(queues, "INSTANCE_NAME="+e.name+"-svc", "JOURNAL_STREAM="+prefix+".journal", "JOURNAL_CLOCK_SKEW=1s")
+	a := startProcess(t, env)
+	_, stretchBytes := journalStretch(t, e, a)
+	if _, err := e.db.Exec(`UPDATE journal_mark SET at = at - interval '1 hour'`); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 3*journal.CheckEvery, "the watch's check to raise the idle queue's mark time", func() bool {
+		var recent bool
+		e.db.Get(&recent, `SELECT bool_and(at > now() - interval '1 minute') FROM journal_mark`)
+		return recent
+	})
+	if err := a.stop(syscall.SIGTERM, 20*time.Second); err != nil {
+		t.Fatalf("exit after SIGTERM: %v", err)
+	}
+	past := time.Now().Add(2 * time.Second)
+	waitFor(t, 30*time.Second, "two seconds past the stretch", func() bool { return time.Now().After(past) })
+	next := readAtStart(t, env)
+	t.Logf("the start after a run whose watch checked the idle queue read %.0f bytes of the journal; the stretch's events hold %d bytes",
+		next, stretchBytes)
+	if next < 0 || next >= float64(stretchBytes) {
+		t.Errorf("the start read %.0f bytes, want fewer than the stretch's %d: it read back to before the watch's check", next, stretchBytes)
 	}
 }
 

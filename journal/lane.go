@@ -215,6 +215,7 @@ func (l *Lane) Check(ctx context.Context) (int, error) {
 	if l.closed || l.out.busy() {
 		return 0, nil
 	}
+	began := time.Now()
 	read, cancel := context.WithTimeout(ctx, markReadFor)
 	mark, here, err := l.markHere(read)
 	cancel()
@@ -223,6 +224,7 @@ func (l *Lane) Check(ctx context.Context) (int, error) {
 	}
 	switch {
 	case l.synced && mark == l.prev && here:
+		l.vouchIdle(ctx, mark, began)
 		return 0, nil
 	case l.synced && mark > l.prev, !l.synced && l.checked && mark > l.seen:
 		l.synced, l.seen, l.checked = false, mark, true
@@ -233,6 +235,27 @@ func (l *Lane) Check(ctx context.Context) (int, error) {
 		l.seen, l.checked = mark, true
 	}
 	return n, err
+}
+
+// vouchIdle raises the mark's time of a queue found synced and vouched
+// for in the database as it is now to when its check began (Vouch): the
+// journal holds no entry of the queue above the mark written before then,
+// since such an entry follows a commit that moved the mark past it on this
+// timeline, which would show. So the next read of an idle queue, a start's,
+// reaches back to its last check, not to when it last moved or was last
+// read, weeks back perhaps in a service that runs for weeks. A write that
+// fails is only logged: the next check tries again, and a read from
+// further back costs time, not entries.
+func (l *Lane) vouchIdle(ctx context.Context, mark int64, began time.Time) {
+	v, ok := l.inner.(Voucher)
+	if !ok {
+		return
+	}
+	vouch, cancel := context.WithTimeout(ctx, markReadFor)
+	defer cancel()
+	if err := v.Vouch(vouch, l.queue, mark, began); err != nil && ctx.Err() == nil {
+		l.log.Debug("journal: could not raise an idle queue's mark time", "queue", l.queue, "err", err)
+	}
 }
 
 // markHere returns the database's mark, and whether a read of the

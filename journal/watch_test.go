@@ -123,6 +123,35 @@ func TestALaneGoesOnAfterAFailoverOnlyOnceItReadTheJournal(t *testing.T) {
 	}
 }
 
+// A check that finds an idle queue's mark where the lane left it, and
+// vouched for in the database as it is now, raises the mark's time to when
+// the check began, without reading the stream: the next read of the queue
+// (a start's) reaches back to that check, not to when the mark last moved.
+// A mark not vouched for here is left as it was until a read vouches.
+func TestACheckOfAnIdleQueueRaisesItsMarksTime(t *testing.T) {
+	db, s := &database{}, &stream{}
+	l := newLane(db, s)
+	applyAll(t, l, events(3), 1)
+	hourAgo := time.Now().Add(-time.Hour)
+	db.at = hourAgo
+	reads := s.reads
+	before := time.Now()
+	if _, err := l.Check(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if db.at.Before(before) || s.reads != reads {
+		t.Fatalf("the mark's time after a check of the idle queue: %s, %d reads; want it raised to the check's start (%s), and no read",
+			db.at, s.reads-reads, before)
+	}
+	db.at, db.vouched = hourAgo, false // vouched for on another timeline: the check reads, then vouches
+	if _, err := l.Check(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if s.reads != reads+1 || !db.vouched {
+		t.Fatalf("a check of a mark not vouched for here: %d reads, vouched %v; want one read, and the mark vouched for", s.reads-reads, db.vouched)
+	}
+}
+
 // A restore applies the journal's entries in transactions of up to
 // restoreBatch events, and each page of the read before the next is
 // read, so a gap of any size holds one page in memory.
