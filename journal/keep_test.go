@@ -158,6 +158,9 @@ func TestEntriesNeitherTakesHoldTheAcks(t *testing.T) {
 		t.Fatal(err)
 	}
 	journaled := l.Journaled()
+	if journaled == nil {
+		t.Fatal("acked while neither the stream nor the database took its entries")
+	}
 	waitFor(t, "the stall reported", func() bool { return stalled.Load() > 0 })
 	select {
 	case <-journaled:

@@ -106,6 +106,9 @@ func TestEntriesTheStreamRefusedAreWrittenAgainBeforeTheAck(t *testing.T) {
 		}
 	}
 	journaled := l.Journaled()
+	if journaled == nil {
+		t.Fatal("journaled while the stream refuses every write")
+	}
 	for deadline := time.Now().Add(time.Minute); s.refusals() < 2; {
 		if time.Now().After(deadline) {
 			t.Fatal("the refused write was not tried again within a minute")
