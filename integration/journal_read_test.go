@@ -72,12 +72,7 @@ func TestAStartReadsTheJournalOnlyFromTheSkewBeforeTheMarks(t *testing.T) {
 // and the one after it, nothing of it.
 func TestAnIdleQueuesStartReadsBackOnlyToTheLastReadThatSyncedIt(t *testing.T) {
 	parallel(t)
-	e := newEnv(t)
-	const queues = 1
-	e.declare(queues)
-	env := e.serviceEnv(queues, "INSTANCE_NAME="+e.name+"-svc", "JOURNAL_STREAM="+prefix+".journal", "JOURNAL_CLOCK_SKEW=1s")
-	a := startProcess(t, env)
-	_, stretchBytes := journalStretch(t, e, a)
+	e, env, a, stretchBytes := oneQueueWithAStretch(t)
 	if err := a.stop(syscall.SIGTERM, 20*time.Second); err != nil {
 		t.Fatalf("exit after SIGTERM: %v", err)
 	}
@@ -107,12 +102,7 @@ func TestAnIdleQueuesStartReadsBackOnlyToTheLastReadThatSyncedIt(t *testing.T) {
 // minute, and the next start reads nothing of the stretch before it.
 func TestAnIdleQueuesMarkTimeFollowsTheWatchsChecks(t *testing.T) {
 	parallel(t)
-	e := newEnv(t)
-	const queues = 1
-	e.declare(queues)
-	env := e.serviceEnv(queues, "INSTANCE_NAME="+e.name+"-svc", "JOURNAL_STREAM="+prefix+".journal", "JOURNAL_CLOCK_SKEW=1s")
-	a := startProcess(t, env)
-	_, stretchBytes := journalStretch(t, e, a)
+	e, env, a, stretchBytes := oneQueueWithAStretch(t)
 	if _, err := e.db.Exec(`UPDATE journal_mark SET at = at - interval '1 hour'`); err != nil {
 		t.Fatal(err)
 	}
@@ -132,6 +122,20 @@ func TestAnIdleQueuesMarkTimeFollowsTheWatchsChecks(t *testing.T) {
 	if next < 0 || next >= float64(stretchBytes) {
 		t.Errorf("the start read %.0f bytes, want fewer than the stretch's %d: it read back to before the watch's check", next, stretchBytes)
 	}
+}
+
+// oneQueueWithAStretch starts the service, with the journal and a clock
+// skew of 1 s, on a new world of one queue, and has it apply a stretch
+// of events (journalStretch): it returns the world, the service's
+// environment, the process, and the bytes of the stretch's bodies.
+func oneQueueWithAStretch(t *testing.T) (*env, []string, *process, int) {
+	t.Helper()
+	e := newEnv(t)
+	e.declare(1)
+	env := e.serviceEnv(1, "INSTANCE_NAME="+e.name+"-svc", "JOURNAL_STREAM="+prefix+".journal", "JOURNAL_CLOCK_SKEW=1s")
+	a := startProcess(t, env)
+	_, stretchBytes := journalStretch(t, e, a)
+	return e, env, a, stretchBytes
 }
 
 // journalStretch has p, once consuming, apply and ack a stretch of 300
