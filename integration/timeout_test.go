@@ -2,14 +2,18 @@ package integration
 
 import (
 	"fmt"
+	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"transferconsumer/consumer"
 	"transferconsumer/db"
+	"transferconsumer/dlq"
 	"transferconsumer/retry"
 )
 
@@ -142,4 +146,136 @@ func setBrokerEnv(t *testing.T, ctl brokerCtl, key string, value int64) (restore
 	t.Cleanup(restore)
 	ctl.run(t, "eval", fmt.Sprintf("application:set_env(rabbit, %s, %d).", key, value))
 	return restore
+}
+
+// A queue whose lane must read the journal before its next event (the
+// database cannot vouch for the queue's mark: here the mark's timeline is
+// not the database's, as after a failover) while the journal cannot be
+// read (the service may not consume the stream) holds its event until the
+// broker's consumer timeout returns it, one delivery spent at most; the
+// service then consumes nothing until a probe of the journal passes,
+// however long that takes, so no more deliveries are spent and nothing is
+// dead-lettered: an unreadable journal is the environment's fault, as a
+// database outage is (TestOutageLongerThanTheConsumerTimeoutSpendsOneDelivery).
+// The timeout is 3 s, the journal unreadable more than three times that,
+// and the delivery limit 1.
+func TestAnUnreadableJournalLongerThanTheConsumerTimeoutSpendsOneDelivery(t *testing.T) {
+	e := newEnv(t)
+	e.limit = 1
+	ctl := rabbitmqctl(t)
+	const timeout = 3 * time.Second
+	stream := prefix + ".journal"
+	env := e.serviceEnv(1, "INSTANCE_NAME="+e.name+"-svc", "JOURNAL_STREAM="+stream)
+	proc := startProcess(t, env)
+	proc.waitConsuming(1)
+	first := e.publishMany(3, 2)
+	waitFor(t, 30*time.Second, "the first events applied", func() bool { return proc.count("outcome", "applied") == len(first) })
+	if err := proc.stop(syscall.SIGTERM, 20*time.Second); err != nil {
+		t.Fatalf("exit after SIGTERM: %v", err)
+	}
+
+	// As after a failover to a standby: the mark was vouched for on
+	// another timeline, so the lane reads the journal before it goes on.
+	res, err := e.db.Exec(`UPDATE journal_mark SET vouched_timeline = vouched_timeline + 1`)
+	if n, _ := res.RowsAffected(); err != nil || n != 1 {
+		t.Fatalf("the queue's mark made unvouched: %d rows (%v), want 1", n, err)
+	}
+	perms := "/api/permissions/" + url.PathEscape(e.vhost) + "/" + url.PathEscape(e.b.adminUser())
+	readOnly := func(read string) {
+		e.b.mgmt(t, http.MethodPut, perms, map[string]string{"configure": ".*", "write": ".*", "read": read}, nil)
+	}
+	readOnly(`^(?!` + regexp.QuoteMeta(stream) + `$).*`) // every queue but the stream
+	setConsumerTimeout(t, ctl, timeout)
+
+	events := e.publishMany(4, 2)
+	proc = startProcess(t, env)
+	const probing = "a queue was blocked when the broker session ended; consuming resumes once a probe of "
+	// Three consumer timeouts of probing; or three broker sessions ended,
+	// when the service consumes again without waiting for the journal.
+	waitFor(t, 120*time.Second, "probes of the journal spanning three consumer timeouts", func() bool {
+		return proc.most(probing, "waited_ms") > float64((3*timeout).Milliseconds()) ||
+			proc.count("msg", "broker session ended, reconnecting") >= 3
+	})
+	if n := e.ready(dlq.Queue(prefix)); n != 0 {
+		t.Errorf("%d events dead-lettered by the queue's delivery limit while the journal could not be read, want none", n)
+	}
+	if probes := proc.lineSaying(probing); !strings.Contains(probes, "the journal") {
+		t.Errorf("the service probes %q; want the journal probed", probes)
+	}
+	if n := proc.count("outcome", "applied"); n != 0 {
+		t.Fatalf("%d events applied while the journal could not be read and the mark was not vouched for, want none", n)
+	}
+	// While it probes, the service holds no message: all are in the queue.
+	if held := len(events) - e.ready(e.topology(1).Queue(0)); held != 0 {
+		t.Errorf("%d messages held while the journal cannot be read, after a consumer timeout; want 0", held)
+	}
+
+	readOnly(".*")
+	waitFor(t, 60*time.Second, "every event applied once the journal can be read", func() bool {
+		return proc.count("outcome", "applied") == len(events)
+	})
+	if err := proc.stop(syscall.SIGTERM, 20*time.Second); err != nil {
+		t.Errorf("exit after SIGTERM: %v", err)
+	}
+	if n := proc.count("outcome", "dead_lettered"); n != 0 {
+		t.Errorf("%d events dead-lettered, want none", n)
+	}
+	spent := 0
+	for _, line := range proc.linesWith("outcome", "applied") {
+		c, _ := line["delivery_count"].(float64)
+		if c > 1 {
+			t.Errorf("event %v applied at delivery count %v, want at most one delivery spent", line["event_id"], c)
+		}
+		spent += int(c)
+	}
+	t.Logf("the journal unreadable for more than %s with a consumer timeout of %s: %d deliveries spent, none dead-lettered", 3*timeout, timeout, spent)
+	e.checkExactlyOnce(append(first, events...))
+	journaled := e.journaled([]string{e.amqpURL}, stream)
+	for _, tr := range append(first, events...) {
+		if !journaled[tr.EventID] {
+			t.Errorf("event %s acked, not in the journal", tr.EventID)
+		}
+	}
+}
+
+// most returns the largest number under key in the log lines whose msg
+// begins with prefix; 0 when none.
+func (p *process) most(prefix, key string) float64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var n float64
+	for _, l := range p.lines {
+		if msg, _ := l["msg"].(string); strings.HasPrefix(msg, prefix) {
+			if v, ok := l[key].(float64); ok && v > n {
+				n = v
+			}
+		}
+	}
+	return n
+}
+
+// lineSaying returns the msg of the last log line whose msg begins with
+// prefix.
+func (p *process) lineSaying(prefix string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := len(p.lines) - 1; i >= 0; i-- {
+		if msg, _ := p.lines[i]["msg"].(string); strings.HasPrefix(msg, prefix) {
+			return msg
+		}
+	}
+	return ""
+}
+
+// linesWith returns the log lines whose key is value.
+func (p *process) linesWith(key, value string) []map[string]any {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []map[string]any
+	for _, l := range p.lines {
+		if l[key] == value {
+			out = append(out, l)
+		}
+	}
+	return out
 }
