@@ -5,6 +5,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -85,12 +86,7 @@ func TestCommitWaitingForAStandbyIsNeverCancelled(t *testing.T) {
 	admin := sqlx.MustOpen("postgres", cluster.adminURL())
 	t.Cleanup(func() { admin.Close() }) // after the reset below: cleanups run last-in, first-out
 	e.db.MustExec(`ALTER DATABASE ` + pq.QuoteIdentifier(e.name) + ` SET synchronous_commit = off`)
-	admin.MustExec(`ALTER SYSTEM SET synchronous_standby_names = 'nobody'`)
-	admin.MustExec(`SELECT pg_reload_conf()`)
-	t.Cleanup(func() {
-		admin.Exec(`ALTER SYSTEM RESET synchronous_standby_names`)
-		admin.Exec(`SELECT pg_reload_conf()`)
-	})
+	lift := standbyThatNeverAnswers(t, admin)
 	service, err := db.Open(context.Background(), e.dbURL, 4)
 	if err != nil {
 		t.Fatal(err)
@@ -114,8 +110,7 @@ func TestCommitWaitingForAStandbyIsNeverCancelled(t *testing.T) {
 	if n := svc.rec.count(); n != 0 {
 		t.Fatalf("decided while the commit waited for the standby: %+v", svc.rec.all)
 	}
-	admin.MustExec(`ALTER SYSTEM RESET synchronous_standby_names`)
-	admin.MustExec(`SELECT pg_reload_conf()`)
+	lift()
 	waitFor(t, 30*time.Second, "the event acked once the commit returned", func() bool { return len(svc.rec.of(tr.EventID)) == 1 })
 	// A COMMIT cancelled while it waits stays committed on the primary (with
 	// a warning), so an attempt after it would find its own claim: the event
@@ -147,12 +142,7 @@ func TestAShutdownNeverCancelsACommitWaitingForAStandby(t *testing.T) {
 	e := newEnvOn(t, cluster.adminURL())
 	admin := sqlx.MustOpen("postgres", cluster.adminURL())
 	t.Cleanup(func() { admin.Close() })
-	admin.MustExec(`ALTER SYSTEM SET synchronous_standby_names = 'nobody'`)
-	admin.MustExec(`SELECT pg_reload_conf()`)
-	t.Cleanup(func() {
-		admin.Exec(`ALTER SYSTEM RESET synchronous_standby_names`)
-		admin.Exec(`SELECT pg_reload_conf()`)
-	})
+	lift := standbyThatNeverAnswers(t, admin)
 	service, err := db.Open(context.Background(), e.dbURL, 4)
 	if err != nil {
 		t.Fatal(err)
@@ -195,8 +185,7 @@ func TestAShutdownNeverCancelsACommitWaitingForAStandby(t *testing.T) {
 		t.Errorf("after the shutdown, without a standby: %d claims visible, %d sessions waiting for it; want 0 and 1", claims, waiting)
 	}
 
-	admin.MustExec(`ALTER SYSTEM RESET synchronous_standby_names`)
-	admin.MustExec(`SELECT pg_reload_conf()`)
+	lift()
 	waitFor(t, 30*time.Second, "the attempt's session to end", func() bool {
 		var n int
 		return admin.Get(&n, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid) == nil && n == 0
@@ -210,5 +199,59 @@ func TestAShutdownNeverCancelsACommitWaitingForAStandby(t *testing.T) {
 	}
 	if i := bytes.Index(log, []byte("canceling wait for synchronous replication")); i >= 0 {
 		t.Errorf("a cancel ended the commit's wait for the standby, leaving it committed locally only: %s", log[i:min(len(log), i+200)])
+	}
+}
+
+// standbyThatNeverAnswers has every commit on admin's server wait for a
+// synchronous standby named 'nobody', and returns once one does. ALTER
+// SYSTEM and pg_reload_conf only signal the server: commits wait for a
+// standby only once its checkpointer has read the new setting (it tells
+// the backends that a standby is named), and until then they commit at
+// once. A probe commit, on a connection of its own, that waits shows the
+// moment. lift, also run at the test's end, removes the requirement; the
+// probe then commits too.
+func standbyThatNeverAnswers(t *testing.T, admin *sqlx.DB) (lift func()) {
+	t.Helper()
+	probe, err := admin.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	if err := probe.QueryRowContext(context.Background(), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		t.Fatal(err)
+	}
+	var seen atomic.Bool // the probe's commit was seen waiting
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer probe.Close()
+		// An xid makes the commit write a commit record, which waits once
+		// the requirement holds; until then the commits return at once.
+		for !seen.Load() {
+			if _, err := probe.ExecContext(context.Background(), `SELECT txid_current()`); err != nil {
+				return
+			}
+		}
+	}()
+	// Cleanups run last-in, first-out: the requirement is removed, then the
+	// probe's commit returns, then admin closes.
+	t.Cleanup(func() {
+		seen.Store(true)
+		<-done
+	})
+	t.Cleanup(func() {
+		admin.Exec(`ALTER SYSTEM RESET synchronous_standby_names`)
+		admin.Exec(`SELECT pg_reload_conf()`)
+	})
+	admin.MustExec(`ALTER SYSTEM SET synchronous_standby_names = 'nobody'`)
+	admin.MustExec(`SELECT pg_reload_conf()`)
+	waitFor(t, 30*time.Second, "a commit to wait for the standby named 'nobody'", func() bool {
+		var waiting bool
+		return admin.Get(&waiting, `SELECT count(*) > 0 FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'SyncRep'`, pid) == nil && waiting
+	})
+	seen.Store(true)
+	return func() {
+		admin.MustExec(`ALTER SYSTEM RESET synchronous_standby_names`)
+		admin.MustExec(`SELECT pg_reload_conf()`)
 	}
 }
