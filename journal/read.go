@@ -141,9 +141,7 @@ func readOne(ctx context.Context, s store, queue string, after int64, since time
 // each queue's entries go to its own page, in the stream's order; a
 // queue whose page failed is passed over from then on.
 func (j *Journal) readAll(ctx context.Context, since time.Time, wants map[string]*want) error {
-	for _, w := range wants {
-		w.found = Found{Tail: w.after, FromStart: since.IsZero()}
-	}
+	begin(wants, since)
 	ch, ans, err := j.channel()
 	if err != nil {
 		return &unreadError{err}
@@ -198,17 +196,10 @@ func (j *Journal) readAll(ctx context.Context, since time.Time, wants map[string
 		_ = d.Ack(true)
 		read += len(d.Body)
 		if n == 0 {
-			for _, w := range wants {
-				w.found.Head = d.Timestamp
-			}
+			headAt(wants, d.Timestamp)
 		}
 		if fid, _ := d.Headers[hFence].(string); fid == id {
-			for _, w := range wants {
-				if w.err == nil && len(w.found.Entries) > 0 {
-					w.err = w.page(w.found)
-				}
-				w.found.Entries = nil
-			}
+			fenced(wants)
 			return nil
 		}
 		ended, err := takeDelivery(wants, d.Headers, d.Body)
