@@ -14,14 +14,25 @@ import (
 // the apply path's are, so that it works behind PgBouncer in transaction
 // mode; none is on an event's path, only on the journal's writer's.
 
-// Spill keeps msgs, queue's, in journal_spill. It implements
+// Spill keeps msgs, queue's, in journal_spill, when the database holds
+// their commits: its mark of the queue is at or past their last sequence.
+// Otherwise (a failover or a restore took those commits back) it keeps
+// nothing and fails: the entries stay on their way to the stream, which
+// a restore needs them in, since it reads the stream for what is above
+// the mark. So a kept entry is never above the database's mark, and a
+// restore never waits for the kept ones. It implements
 // event.JournalSpill.
 func (in *Inbox) Spill(ctx context.Context, queue string, msgs []event.Spilled) error {
 	if len(msgs) == 0 {
 		return nil
 	}
+	last := msgs[len(msgs)-1].Last
 	var b strings.Builder
-	b.WriteString("INSERT INTO journal_spill (queue, first_seq, last_seq, entries, body) VALUES ")
+	b.WriteString("WITH held AS (SELECT 1 FROM journal_mark WHERE queue = ")
+	writeText(&b, queue)
+	b.WriteString(" AND seq >= ")
+	writeInt(&b, last)
+	b.WriteString("), kept AS (INSERT INTO journal_spill (queue, first_seq, last_seq, entries, body) SELECT * FROM (VALUES ")
 	for i, m := range msgs {
 		if i > 0 {
 			b.WriteString(", ")
@@ -30,17 +41,22 @@ func (in *Inbox) Spill(ctx context.Context, queue string, msgs []event.Spilled) 
 		writeText(&b, queue)
 		b.WriteString(", ")
 		writeInt(&b, m.First)
-		b.WriteString(", ")
+		b.WriteString("::bigint, ")
 		writeInt(&b, m.Last)
-		b.WriteString(", ")
+		b.WriteString("::bigint, ")
 		writeInt(&b, int64(m.Entries))
-		b.WriteString(", ")
+		b.WriteString("::int, ")
 		writeBytes(&b, m.Body)
-		b.WriteByte(')')
+		b.WriteString("::bytea)")
 	}
-	b.WriteString(" ON CONFLICT (queue, first_seq) DO NOTHING")
-	if _, err := in.db.ExecContext(ctx, b.String()); err != nil {
+	b.WriteString(") AS m WHERE EXISTS (SELECT 1 FROM held) ON CONFLICT (queue, first_seq) DO NOTHING) SELECT EXISTS (SELECT 1 FROM held)")
+	var held bool
+	if err := in.db.GetContext(ctx, &held, b.String()); err != nil {
 		return fmt.Errorf("keep %d journal messages of %s in the database: %w", len(msgs), queue, translate(err))
+	}
+	if !held {
+		return fmt.Errorf("keep %d journal messages of %s in the database: it does not hold their commits (its mark is below %d: a failover or a restore took them back), "+
+			"so they wait for the stream, which a restore reads them from", len(msgs), queue, last)
 	}
 	return nil
 }

@@ -84,10 +84,26 @@ func TestJournalMarkMovesWithItsTransaction(t *testing.T) {
 
 // The journal's spill keeps a queue's messages, hands them back oldest
 // first and counts their entries, takes one kept twice once, and deletes
-// them up to a sequence; the body comes back byte for byte.
+// them up to a sequence; the body comes back byte for byte. It keeps only
+// what the database holds the commits of: messages above the queue's mark
+// (a failover took their commits back) are refused, and nothing is kept.
 func TestJournalSpillKeepsAQueuesMessagesInOrder(t *testing.T) {
 	in := NewInbox(testDB(t, 4))
 	queue, other := "q-'\\"+newID(), "q-"+newID()
+	above := []event.Spilled{{First: 1, Last: 1, Entries: 1, Body: []byte("{}")}}
+	if err := in.Spill(t.Context(), queue, above); err == nil {
+		t.Fatal("kept a message of a queue the database holds no mark of")
+	}
+	for _, q := range []string{queue, other} {
+		in.db.MustExec(`INSERT INTO journal_mark (queue, seq) VALUES ($1, 8)`, q)
+	}
+	above = []event.Spilled{{First: 9, Last: 9, Entries: 1, Body: []byte("{}")}}
+	if err := in.Spill(t.Context(), queue, above); err == nil || !strings.Contains(err.Error(), "does not hold their commits") {
+		t.Fatalf("kept a message above the mark: %v", err)
+	}
+	if n, err := in.Kept(t.Context(), queue); n != 0 || err != nil {
+		t.Fatalf("%d entries kept above the mark (%v), want 0", n, err)
+	}
 	body := func(n int) []byte { return []byte(strings.Repeat("\x00'\\x", n)) }
 	msgs := []event.Spilled{{First: 5, Last: 7, Entries: 3, Body: body(1)}, {First: 8, Last: 8, Entries: 1, Body: body(2)}}
 	for _, s := range []struct {

@@ -50,6 +50,7 @@ type appender struct {
 	mu      sync.Mutex
 	waiting []outgoing    // queued, oldest first, not yet in a write
 	last    chan struct{} // closed once everything queued so far is held
+	top     int64         // the highest sequence queued so far
 	// kept counts the entries in the database that the stream has not
 	// taken yet; -1 until the writer looked (a crash may have left some).
 	kept    int
@@ -86,6 +87,9 @@ func (a *appender) add(entries []Entry) <-chan struct{} {
 	o := outgoing{entries: entries, journaled: make(chan struct{}), queued: time.Now()}
 	a.waiting = append(a.waiting, o)
 	a.last = o.journaled
+	for _, e := range entries {
+		a.top = max(a.top, e.Seq)
+	}
 	a.start()
 	return o.journaled
 }
@@ -133,8 +137,16 @@ func (a *appender) unheld() <-chan struct{} {
 	}
 }
 
+// unheldAbove reports whether entries above mark are on their way, held
+// neither by the stream nor in the database.
+func (a *appender) unheldAbove(mark int64) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.unheld() != nil && a.top > mark
+}
+
 // flush waits until every entry queued so far is in the stream, those kept
-// in the database included, or ctx ends: a restore reads the stream.
+// in the database included, or ctx ends.
 func (a *appender) flush(ctx context.Context) error {
 	a.mu.Lock()
 	if a.spill != nil && (a.wake == nil || a.kept != 0) {

@@ -436,8 +436,14 @@ func (k *spill) Unspill(_ context.Context, _ string, last int64) error {
 	return nil
 }
 
+// kept counts the entries kept, down or not.
 func (k *spill) kept() int {
-	n, _ := k.Kept(context.Background(), "")
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	n := 0
+	for _, m := range k.msgs {
+		n += m.Entries
+	}
 	return n
 }
 
