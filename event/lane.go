@@ -79,7 +79,10 @@ type Spilled struct {
 // again (the journal package, adr/0014).
 type JournalSpill interface {
 	// Spill keeps msgs, one queue's, in order; keeping one already kept
-	// is harmless.
+	// is harmless. It keeps them only while the database holds their
+	// commits (its mark of the queue is at or past their last entry), and
+	// fails otherwise: a restore reads the stream for what is above the
+	// mark, so it must never need a kept entry.
 	Spill(ctx context.Context, queue string, msgs []Spilled) error
 	// Spilled returns up to limit of the queue's kept messages, in the
 	// order of their sequences.
