@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -28,8 +29,12 @@ type mdb struct {
 	byID        map[string]*mmsg
 	msgs        []*mmsg // by seq
 	parked      []*parkedLetter
-	r           func(n int) int
-	logf        func(format string, args ...any)
+	// mark is the journal's mark of the queue (journal_mark), and when it
+	// last moved: with the journal, each commit moves it.
+	mark   int64
+	markAt time.Time
+	r      func(n int) int
+	logf   func(format string, args ...any)
 }
 
 // parkedLetter is a row of dead_letter_outbox a worker parked.
@@ -64,9 +69,10 @@ func (d *mdb) parkedFor(id string) bool {
 	return false
 }
 
-// apply applies evs in one transaction. It panics as the code under a bug
-// would; the worker recovers.
-func (d *mdb) apply(evs []event.Event) ([]event.Outcome, error) {
+// apply applies evs in one transaction, which moves the journal's mark
+// to m's (nil: none). It panics as the code under a bug would; the worker
+// recovers.
+func (d *mdb) apply(evs []event.Event, m *event.Mark) ([]event.Outcome, error) {
 	switch {
 	case d.down:
 		return nil, event.Transient(errors.New("database down"))
@@ -110,6 +116,9 @@ func (d *mdb) apply(evs []event.Event) ([]event.Outcome, error) {
 		d.balance[account] += ev.Transfer.AmountMinor // the effect, as the event says
 		d.last[m.account] = m.seq
 	}
+	if m != nil {
+		d.moveMark(*m)
+	}
 	if d.lostCommits && d.r(3) == 0 {
 		d.logf("the answer to the COMMIT of %d events from %s is lost", len(evs), evs[0].ID)
 		return nil, event.Transient(errors.New("connection reset by peer (after COMMIT)"))
@@ -125,7 +134,7 @@ type mapp struct {
 }
 
 func (a *mapp) Apply(ctx context.Context, ev event.Event) (event.Result, error) {
-	outs, err := a.attempt(ctx, []event.Event{ev})
+	outs, err := a.attempt(ctx, []event.Event{ev}, nil)
 	if err != nil {
 		return event.Result{}, err
 	}
@@ -133,20 +142,63 @@ func (a *mapp) Apply(ctx context.Context, ev event.Event) (event.Result, error) 
 }
 
 func (a *mapp) ApplyBatch(ctx context.Context, evs []event.Event) ([]event.Outcome, error) {
-	return a.attempt(ctx, evs)
+	return a.attempt(ctx, evs, nil)
 }
 
-// attempt is one transaction. Now and then a SIGTERM arrives during it
-// and outlasts SHUTDOWN_TIMEOUT: the statement is cancelled, nothing
-// committed.
-func (a *mapp) attempt(ctx context.Context, evs []event.Event) (outs []event.Outcome, err error) {
+// ApplyMarked is the journal's lane's transaction: evs applied, and the
+// mark moved with them; with no events, the mark alone (a restore's).
+func (a *mapp) ApplyMarked(ctx context.Context, evs []event.Event, m event.Mark) ([]event.Outcome, error) {
+	if len(evs) == 0 {
+		d := a.s.db
+		if err := d.marking(m); err != nil {
+			return nil, err
+		}
+		d.moveMark(m)
+		return nil, nil
+	}
+	return a.attempt(ctx, evs, &m)
+}
+
+// Marked is the database's mark of the queue.
+func (a *mapp) Marked(context.Context, string) (int64, time.Time, error) {
+	if a.s.db.down {
+		return 0, time.Time{}, event.Transient(errors.New("database down"))
+	}
+	return a.s.db.mark, a.s.db.markAt, nil
+}
+
+// marking is journal_advance's check: the database is up and holds the
+// mark the move goes on from.
+func (d *mdb) marking(m event.Mark) error {
+	switch {
+	case d.down:
+		return event.Transient(errors.New("database down"))
+	case d.mark != m.Prev:
+		return event.Transient(fmt.Errorf("%w: holds %d, went on from %d", event.ErrJournalGap, d.mark, m.Prev))
+	}
+	return nil
+}
+
+func (d *mdb) moveMark(m event.Mark) {
+	d.mark = m.Last
+	if !m.Restore {
+		d.markAt = time.Now()
+	}
+}
+
+// attempt is one transaction, with the journal's mark m (nil: none). Now
+// and then a SIGTERM arrives during it and outlasts SHUTDOWN_TIMEOUT: the
+// statement is cancelled, nothing committed.
+func (a *mapp) attempt(ctx context.Context, evs []event.Event, m *event.Mark) (outs []event.Outcome, err error) {
 	s, rp := a.s, a.rp
 	switch {
+	case rp.gapRetry: // the journal's lane tries again at once, within the worker's one call
 	case rp.ended:
 		s.t.Fatalf("replica %d applies after its session ended", rp.id)
 	case rp.waitApply:
 		s.t.Fatalf("replica %d tries again without waiting after the environment failed", rp.id)
 	}
+	rp.gapRetry = false
 	s.command(rp, "apply")
 	if ctx.Err() == nil && !s.calm && s.r.IntN(60) == 0 {
 		s.logf("r%d: SIGTERM during an attempt, which outlasts SHUTDOWN_TIMEOUT", rp.id)
@@ -156,6 +208,13 @@ func (a *mapp) attempt(ctx context.Context, evs []event.Event) (outs []event.Out
 	if ctx.Err() != nil {
 		s.logf("r%d: the attempt is cancelled", rp.id)
 		return nil, errors.New("canceling statement due to statement timeout")
+	}
+	if m != nil && !s.db.down && s.db.mark != m.Prev {
+		// Another consumer moved the mark, or a COMMIT whose answer was
+		// lost did: the lane reads the journal and tries again at once.
+		s.logf("r%d: the database holds mark %d, the lane went on from %d", rp.id, s.db.mark, m.Prev)
+		rp.gapRetry = true
+		return nil, s.db.marking(*m)
 	}
 	defer func() {
 		p := recover()
@@ -181,30 +240,21 @@ func (a *mapp) attempt(ctx context.Context, evs []event.Event) (outs []event.Out
 					rp.blame, rp.mayBug = true, true // something was applied
 				}
 			}
-			if s.journal {
-				e := &mentries{msgs: map[string]bool{}, journaled: make(chan struct{})}
-				for _, ev := range evs {
-					e.msgs[s.db.message(ev).id] = true
+			if m != nil {
+				ids := make([]string, len(evs))
+				for i, ev := range evs {
+					ids[i] = s.db.message(ev).id
 				}
-				rp.unjournaled = append(rp.unjournaled, e)
+				rp.journaling(*m, ids...)
 			}
 		}
 		if p != nil {
 			panic(p)
 		}
 	}()
-	outs, err = s.db.apply(evs)
+	outs, err = s.db.apply(evs, m)
 	s.logf("r%d applies %d events from %s: %v", rp.id, len(evs), evs[0].ID, err)
 	return outs, err
-}
-
-// Journaled is the journal's: with it, what is closed once the entries of
-// every commit so far are confirmed.
-func (a *mapp) Journaled() <-chan struct{} {
-	if q := a.rp.unjournaled; len(q) > 0 {
-		return q[len(q)-1].journaled
-	}
-	return nil
 }
 
 func (a *mapp) Lane(time.Duration) event.Lane { return a }
@@ -212,10 +262,29 @@ func (a *mapp) Close()                        {}
 
 // Park keeps l in the outbox; it fails while the database is down.
 func (a *mapp) Park(ctx context.Context, l event.OutboxLetter) error {
+	return a.park(l, nil)
+}
+
+// ParkMarked is the journal's lane's parking: l kept in the outbox, and
+// the mark moved over its entry, in one transaction.
+func (a *mapp) ParkMarked(_ context.Context, l event.OutboxLetter, m event.Mark) error {
+	return a.park(l, &m)
+}
+
+func (a *mapp) park(l event.OutboxLetter, m *event.Mark) error {
 	a.s.letterCall(a.rp, "parks", l.Class)
 	if a.s.db.down {
 		a.rp.waitLetter = true
 		return event.Transient(errors.New("database down"))
+	}
+	if m != nil {
+		if err := a.s.db.marking(*m); err != nil {
+			a.s.logf("r%d: the database holds mark %d, the lane went on from %d", a.rp.id, a.s.db.mark, m.Prev)
+			a.rp.gapRetry = true
+			return err
+		}
+		a.s.db.moveMark(*m)
+		a.rp.journaling(*m, l.MessageID)
 	}
 	a.s.logf("r%d parks the letter of %s (held: %v)", a.rp.id, l.EventID, l.Abandoned != nil)
 	a.rp.alarmCopies = 0

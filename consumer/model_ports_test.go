@@ -9,12 +9,14 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strconv"
+	"sync"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"transferconsumer/dlq"
 	"transferconsumer/event"
+	"transferconsumer/journal"
 	"transferconsumer/retry"
 	"transferconsumer/topology"
 )
@@ -56,9 +58,18 @@ type replica struct {
 	blame      bool
 	mayBug     bool           // a bug that panics on every message may cost one innocent's letter: nothing since applied
 	lonePanics map[string]int // attempts of one event alone that panicked, by event id
-	// unjournaled: with the journal, its commits whose entries the broker
-	// has not confirmed yet, oldest first.
-	unjournaled []*mentries
+	// With the journal: its lane (the journal's real one), the write its
+	// writer waits on (jw), the entries the writer wrote and those the
+	// lane committed, and its commits whose entries the stream has not
+	// confirmed yet, oldest first (model_journal_test.go).
+	lane            *journal.Lane
+	jw              *mwrite
+	received, added int
+	unjournaled     []*mentries
+	// gapRetry: the database did not hold the mark its lane went on from;
+	// the lane reads the journal and tries again at once, within the
+	// worker's one call (it is cleared once the worker waits again).
+	gapRetry bool
 	// journalStuck: SHUTDOWN_TIMEOUT passed while it waited for the
 	// journal, which confirms nothing more until the environment heals.
 	journalStuck bool
@@ -94,7 +105,9 @@ type sim struct {
 	db      *mdb
 	reps    []*replica
 	gens    int
-	journal bool // the replicas apply through a journaledLane
+	journal bool // the replicas apply through the journal's lane
+	stream  mstream
+	jmu     sync.Mutex // the stream's, and each replica's jw and received
 	// lateJournal: the journal confirms a replica's entries only once its
 	// session ended (until the environment heals)
 	lateJournal bool
@@ -152,6 +165,14 @@ func (s *sim) start(rp *replica) {
 	rp.failedCmd, rp.lastCall, rp.waitApply, rp.waitLetter, rp.blame, rp.mayBug = "", "", false, false, true, true
 	rp.nacked, rp.lonePanics, rp.unjournaled, rp.journalStuck = map[int]string{}, map[string]int{}, nil, false
 	app := &mapp{s: s, rp: rp}
+	var lane event.Lane = app
+	if s.journal {
+		s.jmu.Lock()
+		rp.jw, rp.received, rp.added = nil, 0, 0
+		s.jmu.Unlock()
+		rp.lane = s.openLane(rp, app)
+		lane = rp.lane
+	}
 	producers, _ := NewProducers("producer", "")
 	cfg := Config{BatchMax: s.batchMax, Instance: "r" + strconv.Itoa(rp.gen), ApplyTimeout: time.Second,
 		Retry: retry.Backoff{Min: time.Millisecond, Max: 8 * time.Millisecond}, Topology: topology.Spec{Prefix: "transfers"},
@@ -168,15 +189,12 @@ func (s *sim) start(rp *replica) {
 	session, endSession := context.WithCancel(context.Background())
 	work, endWork := context.WithCancelCause(context.Background())
 	rp.endSession, rp.endWork = endSession, endWork
-	prefetch := max(1, s.batchMax)
-	if s.journal {
-		prefetch = prefetchFor(s.batchMax, app) // the service's, with the journal's lane
-	}
+	prefetch := prefetchFor(s.batchMax, lane) // the service's
 	rp.cons = &mconsumer{rep: rp, prefetch: prefetch, held: map[uint64]*mmsg{}, keys: map[uint64]int{}}
 	s.b.consumers = append(s.b.consumers, rp.cons)
 	rp.w = &worker{svc: svc, queue: "q", tag: cfg.Instance + "/q", work: work,
 		ch: &mchannel{s: s, rp: rp}, loop: &mloop{s: s, rp: rp}, letters: &mletters{s: s, rp: rp}, parker: app,
-		decoder: s.decoder, now: time.Now, lane: app, core: newCore(svc.coreConfig(app, true))}
+		decoder: s.decoder, now: time.Now, lane: lane, core: newCore(svc.coreConfig(lane, true))}
 	rp.resume, rp.yield = make(chan resumption), make(chan stop)
 	w, yield := rp.w, rp.yield
 	s.inWorker = true
@@ -223,10 +241,16 @@ func (s *sim) wait(rp *replica) {
 	if s.ft.msg != "" {
 		panic(fatalStop{})
 	}
+	if rp.at.kind != stopExit {
+		s.settleWriter(rp)
+	}
 }
 
 // pause stops the worker at st until the schedule resumes it.
 func (rp *replica) pause(st stop) loopEvent {
+	if st.kind == stopNext {
+		rp.gapRetry = false
+	}
 	rp.yield <- st
 	r := <-rp.resume
 	if r.kill {
@@ -267,6 +291,7 @@ func (s *sim) killAll() {
 	s.inWorker = false
 	for _, rp := range s.reps {
 		s.kill(rp)
+		s.closeLane(rp)
 	}
 }
 
@@ -275,6 +300,7 @@ func (s *sim) killAll() {
 // unanswered, and the database releases its locks.
 func (s *sim) stopReplica(rp *replica) {
 	s.kill(rp)
+	s.closeLane(rp)
 	s.b.closeChannel(rp.cons)
 	s.b.drop(rp.gen)
 	s.db.release(rp.gen)
@@ -549,12 +575,14 @@ func (l *mletters) stall() {
 // letterCall checks what a worker may do before it copies or parks a
 // dead letter of class, and stops it there.
 func (s *sim) letterCall(rp *replica, what, class string) {
-	if rp.ended && rp.lastCall != lookForAlarm { // else the copy was decided before the session ended
+	switch {
+	case rp.gapRetry: // the journal's lane parks again at once, within the worker's one call
+	case rp.ended && rp.lastCall != lookForAlarm: // else the copy was decided before the session ended
 		s.t.Fatalf("replica %d: %s a dead letter after its session ended", rp.id, what)
-	}
-	if rp.waitLetter {
+	case rp.waitLetter:
 		s.t.Fatalf("replica %d: %s a dead letter again without waiting after parking failed", rp.id, what)
 	}
+	rp.gapRetry = false
 	rp.waitApply = false // a letter came first: the failed attempt was the message's
 	if class == string(event.ClassPanic) {
 		rp.blame = false
@@ -670,7 +698,7 @@ func (s *sim) progress() bool {
 			}
 		}
 	}
-	return false
+	return s.journal && s.shutdownTimeout()
 }
 
 // stepAll steps every replica once; false when none could.

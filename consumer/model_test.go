@@ -492,7 +492,7 @@ func play(ft *fatalT, sc schedule) {
 		mayTwice: map[int]bool{}, db: db}
 	b.r = r
 	s := &sim{r: r, b: b, db: db, batchMax: sc.batchMax, linger: r.IntN(3) == 0, maxBody: 400 + r.IntN(200),
-		stuck: map[string]bool{}, ft: ft, journal: sc.journal(), lateJournal: sc.lateJournal()}
+		stuck: map[string]bool{}, ft: ft, journal: sc.journal(), lateJournal: sc.lateJournal(), stream: mstream{moved: make(chan struct{}, 1)}}
 	ft.inWorker = &s.inWorker
 	fatal := func(format string, args ...any) {
 		if ft.msg == "" {
