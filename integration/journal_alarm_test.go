@@ -200,3 +200,99 @@ func alarmOn(t *testing.T, which string) bool {
 	}
 	return false
 }
+
+// A restart or a reconnect during an alarm after entries were kept in the
+// database: the queues' new lanes apply the rest of the backlog while the
+// alarm lasts, as without the journal. The entries kept before are below
+// the database's mark, so no read needs them in the stream first; once
+// the alarm clears they reach it, before the new ones, and every acked
+// event is in the journal. "reconnected": the service's broker connection
+// is closed, as a network fault does; its journal's publishing connection,
+// blocked by the alarm, stays (before, each new lane waited 10 s for the
+// kept entries, failed, and did so again until the alarm passed).
+// "restarted": a new process, whose fresh connection's first publish an
+// alarm lets through. Each event's insert is slowed by a trigger until
+// then, so that most of the backlog is still queued.
+func TestARestartDuringAnAlarmAfterEntriesWereKeptDrainsTheBacklog(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		restart bool
+	}{{"reconnected", false}, {"restarted", true}} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			ctl := rabbitmqctl(t)
+			e.declare(2)
+			stream := prefix + ".journal"
+			instance := e.name + "-svc"
+			env := e.serviceEnv(2, "INSTANCE_NAME="+instance, "JOURNAL_STREAM="+stream)
+			proc := startProcess(t, env)
+			proc.waitConsuming(1)
+			first := e.publishMany(10, 4)
+			waitFor(t, 30*time.Second, "the first events applied and acked", func() bool {
+				return e.inboxCount() == len(first) && proc.count("outcome", "applied") == len(first)
+			})
+
+			e.db.MustExec(`CREATE FUNCTION slow_insert() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.02); RETURN NEW; END $$`)
+			e.db.MustExec(`CREATE TRIGGER slow_insert BEFORE INSERT ON processed_event FOR EACH ROW EXECUTE FUNCTION slow_insert()`)
+			lock, err := e.db.Beginx()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var unlock sync.Once
+			release := func() { unlock.Do(func() { _ = lock.Rollback() }) }
+			t.Cleanup(release)
+			if _, err := lock.Exec(`LOCK TABLE processed_event IN SHARE MODE`); err != nil {
+				t.Fatal(err)
+			}
+			backlog := e.publishMany(400, 20)
+			all := append(first, backlog...)
+			clearAlarm := setMemoryAlarm(t, ctl)
+			release()
+			waitFor(t, 90*time.Second, "some of the backlog applied during the alarm, its entries kept", func() bool {
+				return e.inboxCount() >= len(first)+40 &&
+					sumSeries(getText(t, proc.httpAddr()+"/metrics"), "transferconsumer_journal_unprotected_events") > 0
+			})
+			if c.restart {
+				if err := proc.stop(syscall.SIGTERM, 30*time.Second); err != nil {
+					t.Fatalf("exit after SIGTERM: %v", err)
+				}
+			} else {
+				e.closeConnections(instance)
+			}
+			var kept int
+			if err := e.db.Get(&kept, `SELECT count(*) FROM journal_spill`); err != nil || kept == 0 {
+				t.Fatalf("%d journal messages kept in the database (%v): the test proves nothing", kept, err)
+			}
+			e.db.MustExec(`DROP TRIGGER slow_insert ON processed_event`)
+			if e.inboxCount() == len(all) {
+				t.Fatal("the whole backlog was applied before the restart: the test proves nothing")
+			}
+			if c.restart {
+				proc = startProcess(t, env)
+			}
+			waitFor(t, 90*time.Second, "the rest of the backlog applied during the alarm", func() bool {
+				return e.inboxCount() == len(all)
+			})
+			if !alarmOn(t, "memory") {
+				t.Fatal("the alarm passed before the test could look: the result proves nothing")
+			}
+			clearAlarm()
+			base := proc.httpAddr()
+			waitFor(t, 90*time.Second, "every kept entry in the stream", func() bool {
+				var n int
+				return sumSeries(getText(t, base+"/metrics"), "transferconsumer_journal_unprotected_events") == 0 &&
+					e.db.Get(&n, `SELECT count(*) FROM journal_spill`) == nil && n == 0
+			})
+			if err := proc.stop(syscall.SIGTERM, 20*time.Second); err != nil {
+				t.Errorf("exit after SIGTERM: %v", err)
+			}
+			e.checkBalances(all)
+			journaled := e.journaled([]string{e.amqpURL}, stream)
+			for _, tr := range all {
+				if !journaled[tr.EventID] {
+					t.Errorf("event %s acked, not in the journal", tr.EventID)
+				}
+			}
+		})
+	}
+}

@@ -2,6 +2,7 @@ package journal
 
 import (
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -85,4 +86,37 @@ func TestARestartDuringAnAlarmAfterEntriesWereKeptDoesNotWaitForTheStream(t *tes
 	if want := []int64{1, 2, 3, 4}; !slices.Equal(got, want) {
 		t.Fatalf("the stream holds %v; want %v, in order", got, want)
 	}
+}
+
+// A broker reconnect during an alarm, after a queue's lane kept entries
+// in the database: the queue's next lane in the same process has its
+// writer take them to the stream once it takes writes again, even while
+// the queue has no event, and they are counted unprotected once, not once
+// per lane. Before, the next lane looked for them only at its first
+// write, and the closed lane's count stayed: the gauge never came back
+// to 0 (integration TestARestartDuringAnAlarmAfterEntriesWereKeptDrainsTheBacklog, "reconnected").
+func TestTheNextLaneAfterAReconnectTakesOverTheKeptEntries(t *testing.T) {
+	db, s, k := &database{}, &stream{}, &spill{}
+	var unprotected atomic.Int64
+	cfg := Config{Spill: k, KeepAfter: keepAfter, Reports: Reports{Unprotected: func(_ string, n int) { unprotected.Add(int64(n)) }}}
+	j := &Journal{}
+	wrap := func() *Lane {
+		l := newLaneWith(db, s, cfg)
+		j.watch(l)
+		return l
+	}
+	evs := events(3)
+	l := wrap()
+	applyAll(t, l, evs[:1], 1)
+	s.hold(false)
+	applyAll(t, l, evs[1:], 1) // kept, and acked
+	l.Close()
+	if n := k.kept(); n != 2 {
+		t.Fatalf("%d entries kept; want 2", n)
+	}
+	l = wrap() // the queue's next lane, after the reconnect: no event comes
+	defer l.Close()
+	s.let()
+	waitFor(t, "the kept entries in the stream, with no event on the queue", func() bool { return k.kept() == 0 })
+	waitFor(t, "no entry counted unprotected", func() bool { return unprotected.Load() == 0 })
 }

@@ -193,6 +193,7 @@ type Journal struct {
 	lanesMu   sync.Mutex
 	lanes     map[*Lane]struct{}
 	lastMarks map[string]int64
+	lastKept  map[string]bool // the last lane closed with entries kept, or not knowing
 	kickOnce  sync.Once
 	kick      chan struct{}
 }

@@ -27,7 +27,7 @@ type Lane struct {
 	log     *slog.Logger
 	reports Reports
 	letters Parker
-	onClose func(prev int64, synced bool)
+	onClose func(prev int64, synced bool, kept int)
 
 	// mu makes the worker's applies, the watch's checks and the restores
 	// they run take turns: a restore is over before the next event is
@@ -293,15 +293,22 @@ func (l *Lane) Mark() int64 {
 }
 
 // Close closes the inner lane; the journal's watch forgets the lane, and
-// keeps its mark for the queue's next lane.
+// keeps its mark for the queue's next lane. Entries it kept in the
+// database and did not write to the stream are no longer counted by it
+// (Reports.Unprotected): the queue's next lane counts them again when
+// its writer looks, which it does at once.
 func (l *Lane) Close() {
 	l.out.close()
+	kept := l.out.keptCount()
+	if kept > 0 && l.reports.Unprotected != nil {
+		l.reports.Unprotected(l.queue, -kept)
+	}
 	l.mu.Lock()
 	l.closed = true
 	l.inner.Close()
 	prev, synced := l.prev, l.synced
 	l.mu.Unlock()
 	if l.onClose != nil {
-		l.onClose(prev, synced)
+		l.onClose(prev, synced, kept)
 	}
 }

@@ -298,12 +298,17 @@ func (s *stream) readAll(ctx context.Context, since time.Time, wants map[string]
 		w.err = w.page(w.found)
 		w.found.Entries = nil
 	}
+	// The writer may write meanwhile (a restore does not wait for what
+	// the database holds): the read sees what was written when it began.
+	s.mu.Lock()
+	head, entries, written := s.head, slices.Clone(s.entries), slices.Clone(s.written)
+	s.mu.Unlock()
 	for _, w := range wants {
-		w.found = Found{Tail: w.after, FromStart: since.IsZero(), Head: s.head}
+		w.found = Found{Tail: w.after, FromStart: since.IsZero(), Head: head}
 	}
-	for i, e := range s.entries {
+	for i, e := range entries {
 		w := wants[e.Queue]
-		if w == nil || w.err != nil || s.written[i].Before(since) {
+		if w == nil || w.err != nil || written[i].Before(since) {
 			continue // the stream's clock is the database's here: no skew
 		}
 		if s.bad[e.Seq] {

@@ -71,6 +71,7 @@ func (l *Lane) Recover(ctx context.Context) (int, error) {
 }
 
 func (l *Lane) recoverAgain(ctx context.Context) (int, error) {
+	l.out.drainKept()
 	if err := l.flushLost(ctx); err != nil {
 		return 0, err
 	}

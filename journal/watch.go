@@ -29,17 +29,24 @@ const (
 // session before a broker reconnect) goes on from that lane's mark, as the
 // same lane would have: its first transaction, or the watch's first check,
 // finds whether the database still holds it, without reading the stream.
+// One whose last lane closed with entries kept in the database has its
+// writer take them to the stream at once, whether or not the queue has
+// events: before, an idle queue's kept entries waited for its next event
+// after a reconnect, and were counted twice meanwhile.
 func (j *Journal) watch(l *Lane) {
 	j.lanesMu.Lock()
 	if j.lanes == nil {
-		j.lanes, j.lastMarks = map[*Lane]struct{}{}, map[string]int64{}
+		j.lanes, j.lastMarks, j.lastKept = map[*Lane]struct{}{}, map[string]int64{}, map[string]bool{}
 	}
 	j.lanes[l] = struct{}{}
 	if prev, ok := j.lastMarks[l.queue]; ok {
 		l.prev, l.synced = prev, true
 	}
+	if j.lastKept[l.queue] {
+		l.out.drainKept()
+	}
 	j.lanesMu.Unlock()
-	l.onClose = func(prev int64, synced bool) {
+	l.onClose = func(prev int64, synced bool, kept int) {
 		j.lanesMu.Lock()
 		defer j.lanesMu.Unlock()
 		delete(j.lanes, l)
@@ -48,6 +55,7 @@ func (j *Journal) watch(l *Lane) {
 		} else {
 			delete(j.lastMarks, l.queue)
 		}
+		j.lastKept[l.queue] = kept != 0
 	}
 	j.CheckNow()
 }
