@@ -9,6 +9,8 @@ import (
 	"io/fs"
 	"log/slog"
 	"math"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -527,7 +529,8 @@ func logReconcile(log *slog.Logger, rep reconcileReport) {
 	if rep.Full {
 		attrs = append(attrs, "changed_since_checkpoint", rep.ChangedCount)
 	}
-	if why := rep.Checkpoint.Broken + rep.Checkpoint.Distrusted; why != "" {
+	if why := strings.Join(slices.DeleteFunc([]string{rep.Checkpoint.Broken, rep.Checkpoint.Distrusted},
+		func(s string) bool { return s == "" }), "; "); why != "" {
 		attrs = append(attrs, "checkpoint_not_trusted", why)
 	}
 	if !rep.DeadLetters.Read {

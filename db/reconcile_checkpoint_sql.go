@@ -52,6 +52,7 @@ SELECT c.cutoff::text AS cutoff, c.written_at, c.rebuilt_at, c.full_at, c.swept_
                THEN 'transfers it holds are gone: the transfer table was restored, or changed by hand'
        END AS broken,
        CASE
+           WHEN c.cutoff IS NULL THEN NULL
            WHEN c.distrust IS NOT NULL THEN c.distrust
            WHEN s.timeline IS NOT NULL AND c.timeline IS DISTINCT FROM s.timeline
                THEN format('it was written on timeline %s, the database is on %s: a failover or a point-in-time restore since', c.timeline, s.timeline)

@@ -96,9 +96,9 @@ func TestAPeriodicPassFindsADriftWrittenAfterTheCutoff(t *testing.T) {
 	}
 	l.fail(l.create(0, 2, 7))
 	first := pass(t, database, periodic)
-	if !first.Full || !first.Checkpoint.Rebuilt || first.Checkpoint.Broken != "there is none" || first.DriftCount != 0 {
-		t.Fatalf("first pass: full %v, rebuilt %v, broken %q, drift %d; want a full pass that makes the checkpoint, clean",
-			first.Full, first.Checkpoint.Rebuilt, first.Checkpoint.Broken, first.DriftCount)
+	if !first.Full || !first.Checkpoint.Rebuilt || first.Checkpoint.Broken != "there is none" || first.Checkpoint.Distrusted != "" || first.DriftCount != 0 {
+		t.Fatalf("first pass: full %v, rebuilt %v, broken %q, distrusted %q, drift %d; want a full pass that makes the checkpoint, clean",
+			first.Full, first.Checkpoint.Rebuilt, first.Checkpoint.Broken, first.Checkpoint.Distrusted, first.DriftCount)
 	}
 	l.create(1, 2, 40)
 	failing := l.create(2, 0, 9)
