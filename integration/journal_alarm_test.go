@@ -72,16 +72,7 @@ func TestAnAlarmWithTheJournalDoesNotStopTheBacklog(t *testing.T) {
 				// The backlog queues while the service cannot apply: a
 				// lock on the inbox holds its transactions (retried in
 				// place, the environment's fault).
-				lock, err := e.db.Beginx()
-				if err != nil {
-					t.Fatal(err)
-				}
-				var unlock sync.Once
-				release := func() { unlock.Do(func() { _ = lock.Rollback() }) }
-				t.Cleanup(release)
-				if _, err := lock.Exec(`LOCK TABLE processed_event IN SHARE MODE`); err != nil {
-					t.Fatal(err)
-				}
+				release := e.lockInbox()
 				backlog = queueBacklog()
 				clearAlarm = alarm.set(t, ctl)
 				release()
@@ -140,6 +131,23 @@ func TestAnAlarmWithTheJournalDoesNotStopTheBacklog(t *testing.T) {
 			}
 		})
 	}
+}
+
+// lockInbox locks the inbox against writes until release (or the test's
+// end): the service's transactions wait, retried in place.
+func (e *env) lockInbox() (release func()) {
+	e.t.Helper()
+	lock, err := e.db.Beginx()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var unlock sync.Once
+	release = func() { unlock.Do(func() { _ = lock.Rollback() }) }
+	e.t.Cleanup(release)
+	if _, err := lock.Exec(`LOCK TABLE processed_event IN SHARE MODE`); err != nil {
+		e.t.Fatal(err)
+	}
+	return release
 }
 
 // sumSeries sums every series of a metric, whatever its labels, in a
@@ -234,16 +242,7 @@ func TestARestartDuringAnAlarmAfterEntriesWereKeptDrainsTheBacklog(t *testing.T)
 
 			e.db.MustExec(`CREATE FUNCTION slow_insert() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.02); RETURN NEW; END $$`)
 			e.db.MustExec(`CREATE TRIGGER slow_insert BEFORE INSERT ON processed_event FOR EACH ROW EXECUTE FUNCTION slow_insert()`)
-			lock, err := e.db.Beginx()
-			if err != nil {
-				t.Fatal(err)
-			}
-			var unlock sync.Once
-			release := func() { unlock.Do(func() { _ = lock.Rollback() }) }
-			t.Cleanup(release)
-			if _, err := lock.Exec(`LOCK TABLE processed_event IN SHARE MODE`); err != nil {
-				t.Fatal(err)
-			}
+			release := e.lockInbox()
 			backlog := e.publishMany(400, 20)
 			all := append(first, backlog...)
 			clearAlarm := setMemoryAlarm(t, ctl)

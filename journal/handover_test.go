@@ -57,15 +57,8 @@ func TestARestartDuringAnAlarmAfterEntriesWereKeptDoesNotWaitForTheStream(t *tes
 	shortFlush(t)
 	db, s, k := &database{}, &stream{}, &spill{}
 	cfg := Config{Spill: k, KeepAfter: keepAfter}
-	a := newLaneWith(db, s, cfg)
 	evs := events(4)
-	applyAll(t, a, evs[:1], 1)
-	s.hold(false)
-	applyAll(t, a, evs[1:3], 1) // kept, and acked
-	a.Close()
-	if n := k.kept(); n != 2 {
-		t.Fatalf("%d entries kept; want 2", n)
-	}
+	closedWithTwoKept(t, newLaneWith(db, s, cfg), s, k, evs)
 	s.blocked = true // the alarm holds a read's fence too
 	b := newLaneWith(db, s, cfg)
 	defer b.Close()
@@ -105,16 +98,8 @@ func TestTheNextLaneAfterAReconnectTakesOverTheKeptEntries(t *testing.T) {
 		j.watch(l)
 		return l
 	}
-	evs := events(3)
-	l := wrap()
-	applyAll(t, l, evs[:1], 1)
-	s.hold(false)
-	applyAll(t, l, evs[1:], 1) // kept, and acked
-	l.Close()
-	if n := k.kept(); n != 2 {
-		t.Fatalf("%d entries kept; want 2", n)
-	}
-	l = wrap() // the queue's next lane, after the reconnect: no event comes
+	closedWithTwoKept(t, wrap(), s, k, events(3))
+	l := wrap() // the queue's next lane, after the reconnect: no event comes
 	defer l.Close()
 	s.let()
 	waitFor(t, "the kept entries in the stream, with no event on the queue", func() bool { return k.kept() == 0 })

@@ -89,15 +89,8 @@ func TestEntriesTheStreamDoesNotTakeAreKeptAndTheAcksGo(t *testing.T) {
 func TestEntriesKeptByAFormerLaneGoFirst(t *testing.T) {
 	db, s, k := &database{}, &stream{}, &spill{}
 	cfg := Config{Spill: k, KeepAfter: keepAfter}
-	a := newLaneWith(db, s, cfg)
 	evs := events(4)
-	applyAll(t, a, evs[:1], 1)
-	s.hold(false)
-	applyAll(t, a, evs[1:3], 1)
-	a.Close()
-	if k.kept() != 2 {
-		t.Fatalf("%d entries kept, want 2", k.kept())
-	}
+	closedWithTwoKept(t, newLaneWith(db, s, cfg), s, k, evs)
 	s.let()
 	var unprotected atomic.Int64
 	cfg.Reports.Unprotected = func(_ string, n int) { unprotected.Add(int64(n)) }
@@ -181,3 +174,18 @@ var errDown = event.Transient(errTest("the database is down"))
 type errTest string
 
 func (e errTest) Error() string { return string(e) }
+
+// closedWithTwoKept has l apply evs[0], which the stream takes, then
+// evs[1] and evs[2] while the stream holds every write, so that their
+// entries are kept in the database and acked, and closes l, as a process
+// that stops or reconnects during an alarm does.
+func closedWithTwoKept(t *testing.T, l *Lane, s *stream, k *spill, evs []event.Event) {
+	t.Helper()
+	applyAll(t, l, evs[:1], 1)
+	s.hold(false)
+	applyAll(t, l, evs[1:3], 1)
+	l.Close()
+	if n := k.kept(); n != 2 {
+		t.Fatalf("%d entries kept; want 2", n)
+	}
+}
