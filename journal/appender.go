@@ -137,64 +137,6 @@ func (a *appender) unheld() <-chan struct{} {
 	}
 }
 
-// unheldAbove reports whether entries above mark are on their way, held
-// neither by the stream nor in the database.
-func (a *appender) unheldAbove(mark int64) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.unheld() != nil && a.top > mark
-}
-
-// drainKept has the writer try the stream now for the entries kept in the
-// database, or look for some first (it has not looked yet: a crash, or a
-// former lane of the queue, may have left some), without waiting for it.
-func (a *appender) drainKept() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.drainKeptLocked()
-}
-
-func (a *appender) drainKeptLocked() {
-	if a.spill != nil && (a.wake == nil || a.kept != 0) {
-		a.start()
-		a.drainAt = time.Time{}
-	}
-}
-
-// keptCount is how many entries the writer counts kept in the database;
-// -1 when it has not looked. Once the lane closed.
-func (a *appender) keptCount() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.spill == nil {
-		return 0
-	}
-	if a.wake == nil {
-		return -1
-	}
-	return a.kept
-}
-
-// flush waits until every entry queued so far is in the stream, those kept
-// in the database included, or ctx ends.
-func (a *appender) flush(ctx context.Context) error {
-	a.mu.Lock()
-	a.drainKeptLocked()
-	idle := a.idle
-	if !a.running {
-		idle = nil
-	}
-	a.mu.Unlock()
-	if idle != nil {
-		select {
-		case <-idle:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	return nil
-}
-
 // busy reports whether entries are on their way, or kept in the database.
 func (a *appender) busy() bool {
 	a.mu.Lock()

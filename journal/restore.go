@@ -83,39 +83,6 @@ func (l *Lane) recoverAgain(ctx context.Context) (int, error) {
 	}
 }
 
-// flushLost has the lane's own entries on their way go to the stream
-// first when the database lost the commits of some of them (its mark is
-// below them: a failover, a restore), so that the read restores them with
-// the rest. A stream that does not take them holds the restore only so
-// long: the worker's retry waits its backoff, visibly, and comes back.
-//
-// Entries at or below the mark need no waiting: the read looks for what
-// is above it. Nor do those kept in the database, which keeps an entry
-// only while it holds its commit (event.JournalSpill). So a handover, a
-// COMMIT's answer lost, or a restart while an alarm holds the stream,
-// none of which lost a commit, restore at once instead of waiting for the
-// alarm to pass.
-func (l *Lane) flushLost(ctx context.Context) error {
-	if l.out.journaled() == nil {
-		return nil
-	}
-	mark, _, err := l.inner.Marked(ctx, l.queue)
-	if err != nil {
-		return err
-	}
-	if !l.out.unheldAbove(mark) {
-		return nil
-	}
-	flush, cancel := context.WithTimeout(ctx, flushFor)
-	err = l.out.flush(flush)
-	cancel()
-	if err != nil {
-		return fmt.Errorf("journal: the entries on their way to %s's journal, above the database's mark %d, were not confirmed within %s: %w",
-			l.queue, mark, flushFor, err)
-	}
-	return nil
-}
-
 func (l *Lane) recover(ctx context.Context) (int, error) {
 	r, err := l.startRestore(ctx)
 	if r == nil {
@@ -208,11 +175,6 @@ func (l *Lane) AcceptLoss(ctx context.Context, short *ShortError) error {
 	_, err := l.inner.ApplyMarked(ctx, nil, event.Mark{Queue: l.queue, Prev: short.Mark, Last: short.First - 1, Restore: true})
 	return err
 }
-
-// flushFor bounds how long a restore waits for the lane's own entries on
-// their way to the stream (a variable only so that the fault schedules'
-// test waits less).
-var flushFor = 10 * time.Second
 
 // errFromStart: the read began after the queue's first entry above the
 // mark; it is read again from the stream's start.
