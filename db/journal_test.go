@@ -34,6 +34,9 @@ func TestJournalMarkMovesWithItsTransaction(t *testing.T) {
 	if got := mark(); got != 0 {
 		t.Fatalf("new queue's mark %d, want 0", got)
 	}
+	if err := l.Vouch(t.Context(), queue, 0, time.Now()); err != nil { // a read of the journal found none of the queue
+		t.Fatal(err)
+	}
 	first := ev()
 	if outs, err := l.ApplyMarked(t.Context(), []event.Event{first}, event.Mark{Queue: queue, Prev: 0, Last: 1}); err != nil || len(outs) != 1 || outs[0].Err != nil {
 		t.Fatalf("first event: %v %v", outs, err)
@@ -143,6 +146,9 @@ func TestAParkedLetterMovesTheJournalMark(t *testing.T) {
 	id := newID()
 	letter := event.OutboxLetter{EventID: id, EventType: "TransferCreated", Class: "poison", Reason: "it's bad",
 		RoutingKey: "acc_x", Body: []byte("{\x00"), Headers: []byte(`{"h":"v"}`), Queue: queue, MessageID: "m-1"}
+	if err := l.Vouch(t.Context(), queue, 0, time.Now()); err != nil { // a read of the journal found none of the queue
+		t.Fatal(err)
+	}
 	if err := l.ParkMarked(t.Context(), letter, event.Mark{Queue: queue, Prev: 0, Last: 1}); err != nil {
 		t.Fatal(err)
 	}
@@ -198,6 +204,9 @@ func TestARestoresMoveKeepsTheMarksTime(t *testing.T) {
 			t.Fatal(err)
 		}
 		return seq, at
+	}
+	if err := l.Vouch(ctx, queue, 0, time.Now()); err != nil { // a read of the journal found none of the queue
+		t.Fatal(err)
 	}
 	move([]event.Event{ev()}, event.Mark{Prev: 0, Last: 2})
 	if _, err := in.db.Exec(`UPDATE journal_mark SET at = now() - interval '1 hour' WHERE queue = $1`, queue); err != nil {

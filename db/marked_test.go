@@ -27,6 +27,9 @@ func TestMarkedIsOneRoundTrip(t *testing.T) {
 	defer l.Close()
 	queue := `q'\` + newID()
 	ev := newEvent(t, newID(), event.TransferCreated, newID(), "acc_u", "acc_v", 1)
+	if err := l.Vouch(ctx, queue, 0, time.Now()); err != nil { // a read of the journal found none of the queue
+		t.Fatal(err)
+	}
 	if _, err := l.ApplyMarked(ctx, []event.Event{ev}, event.Mark{Queue: queue, Prev: 0, Last: 3}); err != nil {
 		t.Fatal(err)
 	}

@@ -9,24 +9,29 @@ import (
 	"time"
 )
 
-// The journal mark's voucher (sql/0017_journal_mark_vouched.sql,
-// adr/0014): what lets a queue's lane go on from its mark without reading
-// the journal while an alarm holds the read.
+// The journal mark's voucher (sql/0018_journal_mark_run.sql, adr/0014):
+// what lets a queue's lane go on from its mark without reading the
+// journal, and what its transactions require to move the mark
+// (journal_advance). Whether a mark is trusted is journal_mark_doubt's, in
+// SQL, the one definition of it: this file only asks it.
 
-// Which database vouched is journal_here's (sql/functions): a database
-// created anew (a logical restore into another one) has another oid, a
-// table emptied and filled again (TRUNCATE, a restore with --clean)
-// another file, a failover or a point-in-time restore another timeline.
+// syncedCommit raises synchronous_commit to on for the statement's
+// transaction, as pin_transaction does, when a database or role default
+// says otherwise: a row that says the database lost no commit must itself
+// not be lost by a crash of the server.
+const syncedCommit = "SELECT CASE WHEN current_setting('synchronous_commit') NOT IN ('on', 'remote_apply') " +
+	"THEN set_config('synchronous_commit', 'on', true) END; "
 
 // Vouch records in queue's journal mark that the database holds every
 // entry of the queue the journal holds, up to mark: the journal's lane
-// calls it once a read of the journal synced it. Nothing is recorded when
-// the database no longer holds mark. A queue never marked (mark 0: the
-// read found no entry of it) gets its row at 0 here, vouched for, which
-// its first transaction moves on (journal_advance): a service's first
-// read, before any event, would otherwise vouch for nothing, and a
-// restart during an alarm would find every queue it marked since
-// unvouched. It implements the journal's Voucher.
+// calls it once a read of the journal synced it. The row then names the
+// transaction that wrote it and the server's run (journal_mark_doubt),
+// until a restore's move or a restart. Nothing is recorded when the
+// database no longer holds mark. A queue never marked (mark 0: the read
+// found no entry of it) gets its row at 0 here, vouched for, which its
+// first transaction moves on (journal_advance, which makes no row): a
+// service's first read, before any event, would otherwise vouch for
+// nothing. It implements the journal's Voucher.
 //
 // It also raises the mark's time to when the read began (began, taken to
 // the database's clock by the time elapsed since), unless the mark moved
@@ -35,22 +40,23 @@ import (
 // read at a start thus goes back to the last read that synced it, not to
 // when its mark last moved, days ago perhaps.
 //
-// One simple-protocol Query, as Marked.
+// One simple-protocol Query (its statements one transaction), as Marked.
 func (l *lane) Vouch(ctx context.Context, queue string, mark int64, began time.Time) error {
-	const identity = "h.system, h.database, h.file, h.timeline, pg_current_xact_id()"
+	const vouched = "pg_current_xact_id(), pg_postmaster_start_time()"
 	var readAt strings.Builder // when the read began, in the database's clock
 	readAt.WriteString("now() - ")
 	writeInt(&readAt, max(time.Since(began), 0).Microseconds())
 	readAt.WriteString(" * interval '1 microsecond'")
 	var q strings.Builder
+	q.WriteString(syncedCommit)
 	if mark == 0 {
-		q.WriteString("INSERT INTO journal_mark AS m (queue, seq, at, vouched_system, vouched_database, vouched_file, vouched_timeline, vouched_by) SELECT ")
+		q.WriteString("INSERT INTO journal_mark AS m (queue, seq, at, vouched_by, vouched_run) VALUES (")
 		writeText(&q, queue)
-		q.WriteString(", 0, " + readAt.String() + ", " + identity + " FROM journal_here() h ON CONFLICT (queue) DO UPDATE SET (at, vouched_system, vouched_database, vouched_file, vouched_timeline, vouched_by) = " +
-			"(greatest(m.at, EXCLUDED.at), EXCLUDED.vouched_system, EXCLUDED.vouched_database, EXCLUDED.vouched_file, EXCLUDED.vouched_timeline, EXCLUDED.vouched_by) WHERE m.seq = 0")
+		q.WriteString(", 0, " + readAt.String() + ", " + vouched + ") ON CONFLICT (queue) DO UPDATE SET (at, vouched_by, vouched_run) = " +
+			"(greatest(m.at, EXCLUDED.at), EXCLUDED.vouched_by, EXCLUDED.vouched_run) WHERE m.seq = 0")
 	} else {
-		q.WriteString("UPDATE journal_mark SET (at, vouched_system, vouched_database, vouched_file, vouched_timeline, vouched_by) = (SELECT greatest(at, " +
-			readAt.String() + "), " + identity + " FROM journal_here() h) WHERE queue = ")
+		q.WriteString("UPDATE journal_mark SET (at, vouched_by, vouched_run) = (greatest(at, " + readAt.String() + "), " +
+			vouched + ") WHERE queue = ")
 		writeText(&q, queue)
 		q.WriteString(" AND seq = ")
 		writeInt(&q, mark)
@@ -61,73 +67,26 @@ func (l *lane) Vouch(ctx context.Context, queue string, mark int64, began time.T
 	return nil
 }
 
-// vouchedSQL reads a queue's mark, and why the database may have lost
-// commits since it was last vouched for (NULL: it cannot have, within
-// PostgreSQL's durability on one timeline).
-const vouchedSQL = `SELECT m.seq, CASE
-    WHEN m.vouched_by IS NULL THEN 'no read of the journal has vouched for it'
-    WHEN m.vouched_system IS DISTINCT FROM s.system OR s.system = 0
-        THEN 'it was vouched for in another cluster, or the cluster cannot be read'
-    WHEN m.vouched_database IS DISTINCT FROM s.database OR m.vouched_file IS DISTINCT FROM s.file
-        THEN 'the database or its journal_mark table was made anew since (a restore)'
-    WHEN s.timeline IS NULL THEN 'the timeline cannot be read (a standby, or a role that may not ask)'
-    WHEN m.vouched_timeline IS DISTINCT FROM s.timeline
-        THEN format('it was vouched for on timeline %s, the database is on %s: a failover or a point-in-time restore since', m.vouched_timeline, s.timeline)
-    WHEN m.vouched_by >= pg_snapshot_xmax(pg_current_snapshot())
-        THEN 'its transaction is ahead of the database''s own: a restore'
-    WHEN pg_xact_status(m.vouched_by) IS DISTINCT FROM 'committed'
-        THEN 'its transaction is not known committed here'
-    WHEN current_setting('fsync') <> 'on' OR current_setting('synchronous_commit') = 'off'
-        THEN 'the server may lose commits in a crash (fsync or synchronous_commit is off)'
-    END AS why
-FROM journal_mark m, journal_here() s
-WHERE m.queue = `
-
-// Vouched returns queue's journal mark, and "" when the database can have
-// lost no commit of the queue since a read of the journal last vouched
-// for it (Vouch), or else why it may have. It implements the journal's
-// Voucher.
+// Vouched returns queue's journal mark, and "" when the database vouches
+// that it has lost no commit of the queue since a read of the journal
+// last synced it (journal_mark_doubt), or else why it may have. The
+// journal's lane asks it when a read cannot begin (a start, a restore) and
+// when its watch finds an idle queue's mark where the lane left it. One
+// simple-protocol Query, as Marked. It implements the journal's Voucher.
 func (l *lane) Vouched(ctx context.Context, queue string) (int64, string, error) {
 	var row struct {
 		Seq int64          `db:"seq"`
 		Why sql.NullString `db:"why"`
 	}
 	var q strings.Builder
-	q.WriteString(vouchedSQL)
+	q.WriteString("SELECT m.seq, journal_mark_doubt(m.xmin, m.vouched_by, m.vouched_run) AS why FROM journal_mark m WHERE m.queue = ")
 	writeText(&q, queue)
 	err := l.in.db.GetContext(ctx, &row, q.String())
 	if errors.Is(err, sql.ErrNoRows) {
-		return 0, "the queue has no mark", nil
+		return 0, "the queue has no mark (a restore to before it was first marked, or no read of the journal has synced it)", nil
 	}
 	if err != nil {
-		return 0, "", fmt.Errorf("read the journal mark of %s and its voucher: %w", queue, translate(err))
+		return 0, "", fmt.Errorf("read the journal mark of %s and whether it is vouched for: %w", queue, translate(err))
 	}
 	return row.Seq, row.Why.String, nil
-}
-
-// VouchedHere returns queue's journal mark, and whether a read of the
-// journal vouched for it in this database as it is now (the same
-// cluster, database, table file and timeline: journal_vouched_here), so
-// that whoever moved it since, no commit of the queue can have been lost.
-// journal_advance requires it of every transaction that is not a
-// restore's; the journal's watch asks it of a lane it holds synced, so
-// that an idle queue is restored after a failover that took back what
-// another consumer of it had applied. One simple-protocol Query, as
-// Marked. It implements the journal's Voucher.
-func (l *lane) VouchedHere(ctx context.Context, queue string) (int64, bool, error) {
-	var row struct {
-		Seq  int64 `db:"seq"`
-		Here bool  `db:"here"`
-	}
-	var q strings.Builder
-	q.WriteString("SELECT m.seq, journal_vouched_here(m) AS here FROM journal_mark m WHERE m.queue = ")
-	writeText(&q, queue)
-	err := l.in.db.GetContext(ctx, &row, q.String())
-	if errors.Is(err, sql.ErrNoRows) {
-		return 0, false, nil
-	}
-	if err != nil {
-		return 0, false, fmt.Errorf("read the journal mark of %s and whether it is vouched for here: %w", queue, translate(err))
-	}
-	return row.Seq, row.Here, nil
 }

@@ -10,10 +10,13 @@ import (
 )
 
 // A queue's mark is vouched for only at the sequence the database holds,
-// and stays vouched for while the mark moves on in the same database and
-// timeline; what a restore or a failover changes (the table's file, the
-// timeline, the cluster, a transaction ahead of the database's) makes it
-// not vouched for, with the reason.
+// and stays vouched for while the mark moves on; a restore's move makes it
+// not vouched for until the read that made it vouches again, and so does
+// a data-only restore of its row (the row written again by another
+// transaction than the one it names), with the reason. That a restart,
+// and every restore that starts the server again, makes it not vouched
+// for is shown on servers of the tests' own (integration,
+// TestTheJournalMarkIsTrustedOnlyInTheServersRunThatWroteIt).
 func TestAMarkIsVouchedForUntilTheDatabaseMayHaveLostCommits(t *testing.T) {
 	in := NewInbox(testDB(t, 4))
 	l := in.Lane(0).(*lane)
@@ -28,84 +31,74 @@ func TestAMarkIsVouchedForUntilTheDatabaseMayHaveLostCommits(t *testing.T) {
 		}
 		return seq, why
 	}
-	if seq, why := vouched(); seq != 0 || why == "" {
-		t.Fatalf("a queue never marked: %d, %q; want 0 and why not", seq, why)
+	if seq, why := vouched(); seq != 0 || !strings.Contains(why, "no mark") {
+		t.Fatalf("a queue never marked: %d, %q; want 0 and that it has no mark", seq, why)
 	}
 	// A read that found no entry of a queue never marked vouches for 0:
 	// the row is made there, and its first transaction moves it on, still
 	// vouched for (a restart during an alarm then goes on from it).
-	fresh := queue + "-fresh"
-	if err := l.Vouch(ctx, fresh, 0, time.Now()); err != nil {
+	if err := l.Vouch(ctx, queue, 0, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if seq, why, err := l.Vouched(ctx, fresh); err != nil || seq != 0 || why != "" {
-		t.Fatalf("a queue never marked, vouched for at 0: %d, %q, %v; want 0 and no doubt", seq, why, err)
+	if seq, why := vouched(); seq != 0 || why != "" {
+		t.Fatalf("a queue never marked, vouched for at 0: %d, %q; want 0 and no doubt", seq, why)
 	}
 	if _, err := l.ApplyMarked(ctx, []event.Event{newEvent(t, newID(), event.TransferCreated, newID(), "acc_w", "acc_x", 1)},
-		event.Mark{Queue: fresh, Prev: 0, Last: 1}); err != nil {
+		event.Mark{Queue: queue, Prev: 0, Last: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if seq, why, err := l.Vouched(ctx, fresh); err != nil || seq != 1 || why != "" {
-		t.Fatalf("its first transaction: %d, %q, %v; want 1 and no doubt", seq, why, err)
+	if seq, why := vouched(); seq != 1 || why != "" {
+		t.Fatalf("its first transaction: %d, %q; want 1 and no doubt", seq, why)
 	}
-	if err := l.Vouch(ctx, fresh, 0, time.Now()); err != nil { // a read that began before that transaction
+	if err := l.Vouch(ctx, queue, 0, time.Now()); err != nil { // a read that began before that transaction
 		t.Fatal(err)
 	}
-	if seq, _, err := l.Vouched(ctx, fresh); err != nil || seq != 1 {
-		t.Fatalf("a vouch for 0 after the mark moved to 1 moved it back to %d (%v)", seq, err)
+	if seq, _ := vouched(); seq != 1 {
+		t.Fatalf("a vouch for 0 after the mark moved to 1 moved it back to %d", seq)
 	}
-	ev := newEvent(t, newID(), event.TransferCreated, newID(), "acc_w", "acc_x", 1)
-	if _, err := l.ApplyMarked(ctx, []event.Event{ev}, event.Mark{Queue: queue, Prev: 0, Last: 2}); err != nil {
+	// A restore's move: not vouched for until its read vouches.
+	if _, err := l.ApplyMarked(ctx, nil, event.Mark{Queue: queue, Prev: 1, Last: 7, Restore: true}); err != nil {
 		t.Fatal(err)
 	}
-	if _, why := vouched(); !strings.Contains(why, "no read") {
-		t.Fatalf("a mark never vouched for: %q", why)
+	if seq, why := vouched(); seq != 7 || !strings.Contains(why, "restore moved it") {
+		t.Fatalf("after a restore's move: %d, %q; want 7 and that a restore moved it", seq, why)
 	}
 	// At a mark the database does not hold: nothing recorded.
 	if err := l.Vouch(ctx, queue, 5, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if _, why := vouched(); !strings.Contains(why, "no read") {
-		t.Fatalf("vouched for at a mark the database does not hold: %q", why)
+	if _, why := vouched(); why == "" {
+		t.Fatalf("vouched for at a mark the database does not hold")
 	}
-	if err := l.Vouch(ctx, queue, 2, time.Now()); err != nil {
-		t.Fatal(err)
-	}
-	if seq, why := vouched(); seq != 2 || why != "" {
-		t.Fatalf("vouched for at 2: %d, %q; want 2 and no doubt", seq, why)
-	}
-	if _, err := l.ApplyMarked(ctx, nil, event.Mark{Queue: queue, Prev: 2, Last: 7}); err != nil {
-		t.Fatal(err)
-	}
-	if seq, why := vouched(); seq != 7 || why != "" {
-		t.Fatalf("the mark moved on: %d, %q; want 7 and no doubt", seq, why)
-	}
-
-	for _, tt := range []struct{ name, edit, why string }{
-		{"another timeline", `UPDATE journal_mark SET vouched_timeline = vouched_timeline + 1`, "timeline"},
-		{"another cluster", `UPDATE journal_mark SET vouched_system = vouched_system + 1`, "another cluster"},
-		{"the table made anew", `UPDATE journal_mark SET vouched_file = vouched_file + 1`, "made anew"},
-		{"a transaction ahead", `UPDATE journal_mark SET vouched_by = (pg_snapshot_xmax(pg_current_snapshot())::text::bigint + 1000)::text::xid8`, "ahead"},
-	} {
-		if err := l.Vouch(ctx, queue, 7, time.Now()); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := in.db.Exec(tt.edit+` WHERE queue = $1`, queue); err != nil {
-			t.Fatal(err)
-		}
-		if _, why := vouched(); !strings.Contains(why, tt.why) {
-			t.Errorf("%s: %q, want it to say %q", tt.name, why, tt.why)
-		}
-	}
-	// A restore's TRUNCATE gives the table another file.
 	if err := l.Vouch(ctx, queue, 7, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := in.db.Exec(`CREATE TEMP TABLE keep AS SELECT * FROM journal_mark; TRUNCATE journal_mark; INSERT INTO journal_mark SELECT * FROM keep`); err != nil {
+	if seq, why := vouched(); seq != 7 || why != "" {
+		t.Fatalf("vouched for at 7: %d, %q; want 7 and no doubt", seq, why)
+	}
+	if _, err := l.ApplyMarked(ctx, nil, event.Mark{Queue: queue, Prev: 7, Last: 9}); err != nil {
 		t.Fatal(err)
 	}
-	if _, why := vouched(); !strings.Contains(why, "made anew") {
-		t.Errorf("after a TRUNCATE and the rows put back: %q, want it made anew", why)
+	if seq, why := vouched(); seq != 9 || why != "" {
+		t.Fatalf("the mark moved on: %d, %q; want 9 and no doubt", seq, why)
+	}
+	// A data-only restore: the row saved at 9, moved on, then put back as
+	// a restore puts rows back (deleted, and inserted by another
+	// transaction), as it was when vouched for.
+	if _, err := in.db.Exec(`CREATE TABLE saved_mark AS SELECT * FROM journal_mark WHERE queue = $1`, queue); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.ApplyMarked(ctx, nil, event.Mark{Queue: queue, Prev: 9, Last: 12}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in.db.Exec(`DELETE FROM journal_mark WHERE queue = $1`, queue); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in.db.Exec(`INSERT INTO journal_mark SELECT * FROM saved_mark`); err != nil {
+		t.Fatal(err)
+	}
+	if seq, why := vouched(); seq != 9 || !strings.Contains(why, "copied or restored") {
+		t.Errorf("a row put back by a data-only restore: %d, %q; want 9 and that it was restored", seq, why)
 	}
 }
 
@@ -184,16 +177,15 @@ func TestAVouchMovesTheMarksTimeToTheStartOfTheReadThatSyncedIt(t *testing.T) {
 	}
 }
 
-// A transaction that is not a restore's moves a queue's mark only while a
-// read of the journal vouched for it in this database as it is now
-// (journal_vouched_here): never vouched for, or vouched for before a
-// failover or a restore (another timeline, cluster or table file), it
-// fails with ErrJournalGap and applies nothing, so that the lane reads
-// the journal before it takes sequences another consumer of the queue may
-// have journaled and the database lost. A restore's moves go on, and the
-// read's vouch lets the queue's transactions move it again. VouchedHere
-// says the same in one simple query.
-func TestAMarkMovesOnlyWhileVouchedForInThisDatabase(t *testing.T) {
+// A transaction that is not a restore's moves a queue's mark only while
+// the database vouches for it (journal_mark_doubt): never vouched for, its
+// row gone (a restore to before the queue was first marked), moved by a
+// restore whose read has not ended, or its row restored, the transaction
+// fails with ErrJournalGap and applies nothing, so that the lane reads the
+// journal before it takes sequences another consumer of the queue may have
+// journaled and the database lost. A restore's moves go on, and the read's
+// vouch lets the queue's transactions move it again.
+func TestAMarkMovesOnlyWhileVouchedFor(t *testing.T) {
 	in := NewInbox(testDB(t, 4))
 	l := in.Lane(0).(*lane)
 	defer l.Close()
@@ -207,17 +199,6 @@ func TestAMarkMovesOnlyWhileVouchedForInThisDatabase(t *testing.T) {
 		}
 		return n == 1
 	}
-	here := func(want int64) bool {
-		t.Helper()
-		seq, here, err := l.VouchedHere(ctx, queue)
-		if err != nil || seq != want {
-			t.Fatalf("VouchedHere: %d, %v; want mark %d", seq, err, want)
-		}
-		return here
-	}
-	if seq, here, err := l.VouchedHere(ctx, queue); err != nil || seq != 0 || here {
-		t.Fatalf("a queue never marked: %d, %v, %v; want 0, not vouched for", seq, here, err)
-	}
 	next := func(prev int64) error {
 		t.Helper()
 		ev := newEvent(t, newID(), event.TransferCreated, newID(), "acc_v", "acc_y", 1)
@@ -227,48 +208,39 @@ func TestAMarkMovesOnlyWhileVouchedForInThisDatabase(t *testing.T) {
 		}
 		return err
 	}
-	if err := next(0); err != nil { // the row is made, not vouched for
+	refused := func(what string, prev int64, says string) {
+		t.Helper()
+		if err := next(prev); !errors.Is(err, event.ErrJournalGap) || !strings.Contains(err.Error(), says) {
+			t.Errorf("%s: %v, want ErrJournalGap saying %q", what, err, says)
+		}
+	}
+	refused("a queue without a row", 0, "no mark")
+	if err := l.Vouch(ctx, queue, 0, time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	if here(1) {
-		t.Fatalf("a mark no read vouched for is vouched for here")
-	}
-	if err := next(1); !errors.Is(err, event.ErrJournalGap) || !strings.Contains(err.Error(), "vouched") {
-		t.Fatalf("moving a mark no read vouched for: %v, want ErrJournalGap saying why", err)
-	}
-	if err := l.Vouch(ctx, queue, 1, time.Now()); err != nil {
-		t.Fatal(err)
-	}
-	if !here(1) {
-		t.Fatalf("vouched for at 1, and not here")
+	if err := next(0); err != nil {
+		t.Fatalf("moving a mark vouched for at 0: %v", err)
 	}
 	if err := next(1); err != nil {
-		t.Fatalf("moving a vouched mark: %v", err)
+		t.Fatalf("moving it on: %v", err)
 	}
-	if !here(2) {
-		t.Fatalf("a vouched mark moved on in the same database is no longer vouched for here")
+	// Its row gone, as after a restore to before the queue was marked.
+	if _, err := in.db.Exec(`CREATE TABLE saved_mark AS SELECT * FROM journal_mark WHERE queue = $1`, queue); err != nil {
+		t.Fatal(err)
 	}
-	for _, tt := range []struct{ name, edit string }{
-		{"another timeline (a failover, a point-in-time restore)", `UPDATE journal_mark SET vouched_timeline = vouched_timeline + 1`},
-		{"another cluster", `UPDATE journal_mark SET vouched_system = vouched_system + 1`},
-		{"the table made anew (a logical restore)", `UPDATE journal_mark SET vouched_file = vouched_file + 1`},
-	} {
-		if err := l.Vouch(ctx, queue, 2, time.Now()); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := in.db.Exec(tt.edit+` WHERE queue = $1`, queue); err != nil {
-			t.Fatal(err)
-		}
-		if here(2) {
-			t.Errorf("%s: still vouched for here", tt.name)
-		}
-		if err := next(2); !errors.Is(err, event.ErrJournalGap) {
-			t.Errorf("%s: the mark moved (%v), want ErrJournalGap", tt.name, err)
-		}
+	if _, err := in.db.Exec(`DELETE FROM journal_mark WHERE queue = $1`, queue); err != nil {
+		t.Fatal(err)
 	}
+	refused("its row gone, the lane at 0", 0, "no mark")
+	refused("its row gone, the lane at 2", 2, "no mark")
+	if _, err := in.db.Exec(`INSERT INTO journal_mark SELECT * FROM saved_mark`); err != nil {
+		t.Fatal(err)
+	}
+	refused("its row put back by a data-only restore", 2, "restored in")
 	if _, err := l.ApplyMarked(ctx, nil, event.Mark{Queue: queue, Prev: 2, Last: 5, Restore: true}); err != nil {
-		t.Fatalf("a restore's move of a mark not vouched for here: %v", err)
+		t.Fatalf("a restore's move of a mark not vouched for: %v", err)
 	}
+	refused("moved by a restore whose read has not ended", 5, "restore moved it")
 	if err := l.Vouch(ctx, queue, 5, time.Now()); err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/jmoiron/sqlx"
 )
 
 // pgCluster is a PostgreSQL server of a test's own, for faults that would
@@ -144,4 +146,56 @@ func freePort(t *testing.T) int {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// copyDir copies a stopped server's data directory into an empty one the
+// server may own, keeping owners and modes.
+func copyDir(t *testing.T, from, to string) {
+	t.Helper()
+	if out, err := exec.Command("cp", "-a", from+"/.", to).CombinedOutput(); err != nil {
+		t.Fatalf("cp -a %s %s: %v\n%s", from, to, err, out)
+	}
+}
+
+// conf appends settings to the server's postgresql.auto.conf; they take
+// effect at its next start.
+func (c *pgCluster) conf(settings string) {
+	c.t.Helper()
+	f, err := os.OpenFile(filepath.Join(c.dir, "postgresql.auto.conf"), os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(settings); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// basebackup takes a pg_basebackup of the running server into a new
+// directory and returns it; startable, it is made ready to be started as
+// it is, in place of the server (its socket lock files removed).
+func (c *pgCluster) basebackup(startable bool) string {
+	c.t.Helper()
+	dir := pgDataDir(c.t)
+	c.run("pg_basebackup", "-h", "127.0.0.1", "-p", strconv.Itoa(c.port), "-U", "postgres",
+		"-D", dir, "-X", "stream", "-c", "fast", "--no-sync")
+	if startable {
+		removeSocketLocks(c.t, dir)
+	}
+	return dir
+}
+
+// openAdmin opens the server's maintenance database, closed when the test
+// ends.
+func (c *pgCluster) openAdmin() *sqlx.DB { return c.openDB("postgres") }
+
+// openDB opens one of the server's databases, closed when the test ends.
+func (c *pgCluster) openDB(name string) *sqlx.DB {
+	c.t.Helper()
+	d, err := sqlx.Open("postgres", fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable", c.addr(), name))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { d.Close() })
+	return d
 }

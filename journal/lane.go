@@ -123,8 +123,8 @@ func (l *Lane) ApplyBatch(ctx context.Context, evs []event.Event) ([]event.Outco
 		outs, err := l.inner.ApplyMarked(ctx, evs, m)
 		if errors.Is(err, event.ErrJournalGap) {
 			l.synced = false
-			l.log.Warn("journal: the database does not hold the mark the worker went on from, or no read of the journal vouched for it "+
-				"since a failover or a restore; reading the journal again",
+			l.log.Warn("journal: the database does not hold the mark the worker went on from, or does not vouch for it "+
+				"since a restart, a failover or a restore; reading the journal again",
 				"queue", l.queue, "err", err)
 			if again {
 				continue
@@ -196,8 +196,8 @@ func (l *Lane) Park(ctx context.Context, lt event.OutboxLetter) error {
 // waiting for the queue's next event. It restores (Recover) when the
 // database holds less than the lane went on from, when the lane is not
 // synced (a restore that failed, or a lane not used yet) and the mark
-// stands still, and when no read vouched for the mark in the database as
-// it is now (a failover or a restore since: what another replica applied
+// stands still, and when the database does not vouch for the mark (a
+// restart, a failover or a restore since: what another replica applied
 // after this lane last looked may be gone with it, the mark back where
 // this lane left it). A mark that moves past the lane's is moved by another
 // reader (a replica consuming the queue, the recover command): the lane
@@ -238,10 +238,10 @@ func (l *Lane) Check(ctx context.Context) (int, error) {
 }
 
 // vouchIdle raises the mark's time of a queue found synced and vouched
-// for in the database as it is now to when its check began (Vouch): the
-// journal holds no entry of the queue above the mark written before then,
-// since such an entry follows a commit that moved the mark past it on this
-// timeline, which would show. So the next read of an idle queue, a start's,
+// for to when its check began (Vouch): the journal holds no entry of the
+// queue above the mark written before then, since such an entry follows a
+// commit that moved the mark past it in this run of the server, which
+// would show. So the next read of an idle queue, a start's,
 // reaches back to its last check, not to when it last moved or was last
 // read, weeks back perhaps in a service that runs for weeks. A write that
 // fails is only logged: the next check tries again, and a read from
@@ -258,12 +258,14 @@ func (l *Lane) vouchIdle(ctx context.Context, mark int64, began time.Time) {
 	}
 }
 
-// markHere returns the database's mark, and whether a read of the
-// journal vouched for it in the database as it is now (Voucher); a lane
-// over a database that cannot say takes its mark as vouched for.
+// markHere returns the database's mark, and whether the database vouches
+// that it lost no commit of the queue since a read of the journal last
+// synced it (Voucher); a lane over a database that cannot say takes its
+// mark as vouched for.
 func (l *Lane) markHere(ctx context.Context) (int64, bool, error) {
 	if v, ok := l.inner.(Voucher); ok {
-		return v.VouchedHere(ctx, l.queue)
+		mark, why, err := v.Vouched(ctx, l.queue)
+		return mark, why == "", err
 	}
 	mark, _, err := l.inner.Marked(ctx, l.queue)
 	return mark, true, err

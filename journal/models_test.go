@@ -32,11 +32,16 @@ type database struct {
 	refuse  map[string]error
 	conflic map[string]bool // answered as a producer conflict, committed
 	down    error
-	before  func()   // runs once, at the next ApplyMarked
-	txs     int      // transactions that applied events
-	parked  []string // the letters ParkMarked parked, by event id
-	// vouched: a read of the journal vouched for the mark (Vouch), and the
-	// database has lost no commit since (lose forgets it).
+	before  func() // runs once, at the next ApplyMarked
+	// vouching runs once, at the next Vouched, before it answers:
+	// another reader's commit meanwhile.
+	vouching func()
+	txs      int      // transactions that applied events
+	parked   []string // the letters ParkMarked parked, by event id
+	// vouched: a read of the journal vouched for the mark (Vouch), the
+	// database has lost no commit since (lose forgets it), and no
+	// restore moved it since (a restore's move forgets it, as
+	// journal_advance's does).
 	vouched bool
 	vouches int
 }
@@ -85,23 +90,20 @@ func (l modelLane) Vouch(_ context.Context, _ string, mark int64, began time.Tim
 	return nil
 }
 
-// Vouched says the database lost commits unless a vouch came after the last loss.
+// Vouched says the database lost commits unless a vouch came after the
+// last loss and no restore moved the mark since.
 func (l modelLane) Vouched(context.Context, string) (int64, string, error) {
+	if f := l.db.vouching; f != nil {
+		l.db.vouching = nil
+		f()
+	}
 	if l.db.down != nil {
 		return 0, "", l.db.down
 	}
 	if !l.db.vouched {
-		return l.db.mark, "it was vouched for on timeline 1, the database is on 2", nil
+		return l.db.mark, "it was last synced while the server ran from before, and the server has started again since", nil
 	}
 	return l.db.mark, "", nil
-}
-
-// VouchedHere says whether a vouch came after the last loss.
-func (l modelLane) VouchedHere(context.Context, string) (int64, bool, error) {
-	if l.db.down != nil {
-		return 0, false, l.db.down
-	}
-	return l.db.mark, l.db.vouched, nil
 }
 
 // unvouched is journal_advance's refusal of a mark no read vouched for
@@ -128,7 +130,12 @@ func (l modelLane) ParkMarked(_ context.Context, lt event.OutboxLetter, m event.
 	}
 	d.commits = append(d.commits, commit{d.mark, d.at, len(d.applied)})
 	d.parked = append(d.parked, lt.EventID)
-	d.mark, d.at = m.Last, time.Now()
+	d.mark = m.Last
+	if m.Restore {
+		d.vouched = false
+	} else {
+		d.at = time.Now()
+	}
 	return nil
 }
 
@@ -159,6 +166,8 @@ func (l modelLane) ApplyMarked(_ context.Context, evs []event.Event, m event.Mar
 	}
 	if !m.Restore {
 		d.at = time.Now()
+	} else {
+		d.vouched = false
 	}
 	for i, ev := range evs {
 		switch {

@@ -8,29 +8,28 @@ import (
 )
 
 // Voucher is a database lane that records, once a read of the journal
-// synced a queue, which database held every entry of it up to its mark
-// (Vouch), and says later whether that database can have lost a commit
-// of the queue since (Vouched: "" when it cannot), through what a
-// failover or a restore changes: the timeline, the cluster, the database
-// (db's, sql/0017_journal_mark_vouched.sql). Vouch also raises the
+// synced a queue, that the database holds every entry of it up to its
+// mark (Vouch), and says later whether the database can have lost a
+// commit of the queue since (Vouched: "" when it cannot). What it trusts
+// is db's, one definition in SQL (journal_mark_doubt, adr/0014 "What is
+// trusted"): the mark's row written, in this run of the server, by that
+// read or by a transaction that moved the mark on from a trusted one, and
+// by the very transaction it names. No restore brings that back: each
+// starts the server again or writes the row anew. Vouch also raises the
 // mark's time to when that read began (began, on the service's clock),
 // unless the mark moved later: the journal held no entry of the queue
-// above the mark before then, so the next read of it may start there,
-// and an idle queue's start reads back only to the last read that synced
-// it, not to when its mark last moved.
+// above the mark before then, so the next read of it may start there, and
+// an idle queue's start reads back only to the last read that synced it,
+// not to when its mark last moved.
 //
-// VouchedHere says whether a read vouched for the mark in the database
-// as it is now (the same cluster, database and timeline), whatever moved
-// it since: the database then has lost no commit of the queue, its own or
-// another consumer's. The database's transactions that move the mark
-// require it (journal_advance, sql/functions/journal_vouched_here.sql),
-// and the watch asks it of a lane it holds synced (Check), so that a
-// failover that took back what another replica applied after this lane
-// last looked is found before this lane takes those sequences again.
+// The database's transactions that move the mark require the same trust
+// (journal_advance), and the watch asks it of a lane it holds synced
+// (Check), so that a failover or a restore that took back what another
+// replica applied after this lane last looked is found before this lane
+// takes those sequences again.
 type Voucher interface {
 	Vouch(ctx context.Context, queue string, mark int64, began time.Time) error
 	Vouched(ctx context.Context, queue string) (mark int64, why string, err error)
-	VouchedHere(ctx context.Context, queue string) (mark int64, here bool, err error)
 }
 
 // goOnVouched ends a restore whose read of the journal could not begin
@@ -60,7 +59,8 @@ func (r *restoring) goOnVouched(err error) error {
 	}
 	l.prev, l.synced, l.checked = mark, true, false
 	l.log.Warn("journal: the journal cannot be read now, but the database has lost no commit of the queue since a read of the journal "+
-		"last synced it (same cluster, database and timeline), so the queue goes on from its mark without reading it",
+		"last synced it (the same run of the server, the mark's row as that read or a move from it wrote it), so the queue goes on "+
+		"from its mark without reading it",
 		"queue", l.queue, "mark", mark, "why_unread", err)
 	return nil
 }

@@ -41,7 +41,7 @@ func TestALaneGoesOnWithoutTheJournalOnlyFromAVouchedMark(t *testing.T) {
 	after := newLane(db, s)
 	defer after.Close()
 	_, err := after.ApplyBatch(t.Context(), evs[8:9])
-	if err == nil || !strings.Contains(err.Error(), "timeline") {
+	if err == nil || !strings.Contains(err.Error(), "started again") {
 		t.Fatalf("a lane whose database lost commits went on without the journal (%v); want it to wait, saying why", err)
 	}
 	if !errors.Is(err, event.ErrJournalUnread) {
@@ -60,5 +60,45 @@ func TestALaneGoesOnWithoutTheJournalOnlyFromAVouchedMark(t *testing.T) {
 	}
 	if !db.vouched {
 		t.Error("the read after the loss did not vouch for the mark")
+	}
+}
+
+// A lane whose read cannot begin does not go on from a mark that moved
+// between its own look at it and the database's vouch, though the
+// database vouches for the moved one: another reader of the queue moved
+// it (a replica it handed over to), and what that reader applied is not
+// what this lane's restore judged. It waits for the read, saying why, and
+// goes on once it can read.
+func TestALaneDoesNotGoOnWithoutTheJournalFromAMarkThatMovedMeanwhile(t *testing.T) {
+	db, s := &database{}, &stream{}
+	evs := events(8)
+	first := newLane(db, s)
+	applyAll(t, first, evs[:4], 2)
+	first.Close()
+
+	s.blocked = true
+	other := newLane(db, s) // the replica that holds the queue meanwhile, synced at 4
+	other.prev, other.synced = 4, true
+	defer other.Close()
+	db.vouching = func() {
+		if _, err := other.ApplyBatch(t.Context(), evs[4:5]); err != nil {
+			t.Errorf("the other reader's commit: %v", err)
+		}
+	}
+	during := newLane(db, s)
+	defer during.Close()
+	_, err := during.ApplyBatch(t.Context(), evs[5:6])
+	if err == nil || !strings.Contains(err.Error(), "moved meanwhile") {
+		t.Fatalf("a lane whose mark moved while its read could not begin: %v; want it to wait, saying the mark moved", err)
+	}
+	if db.mark != 5 || !slices.Equal(db.applied, ids(evs[:5])) {
+		t.Fatalf("mark %d, applied %v; want 5 and the first five", db.mark, db.applied)
+	}
+	s.blocked = false
+	if _, err := during.ApplyBatch(t.Context(), evs[5:6]); err != nil {
+		t.Fatal(err)
+	}
+	if db.mark != 6 || !slices.Equal(db.applied, ids(evs[:6])) {
+		t.Fatalf("mark %d, applied %v; want 6 and the first six in order", db.mark, db.applied)
 	}
 }

@@ -4,7 +4,11 @@
 -- file of journal_mark, and the timeline (journal_timeline). A failover
 -- or a point-in-time restore changes the timeline; a logical restore the
 -- cluster, the database or the file. A set-returning SQL function, so
--- that a query that reads it in FROM has it inlined.
+-- that a query that reads it in FROM has it inlined. This release does
+-- not call it (sql/0018: a restore that keeps all four brought the record
+-- back with the rows); a release before 0018 does, when a read syncs a
+-- queue during a rolling deploy, and the trigger of 0018 turns what it
+-- records into this release's.
 
 CREATE OR REPLACE FUNCTION journal_here() RETURNS TABLE (system BIGINT, database BIGINT, file BIGINT, timeline BIGINT)
 LANGUAGE sql STABLE AS $$

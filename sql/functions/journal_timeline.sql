@@ -1,7 +1,8 @@
 -- journal_timeline is the server's timeline, as the name of its current
 -- WAL file begins with it: NULL on a standby, or for a role that may not
 -- read it. A failover or a point-in-time restore starts a new one. A
--- single expression, so that SQL that calls it has it inlined.
+-- single expression, so that SQL that calls it has it inlined. Only
+-- journal_here calls it, for a release before sql/0018.
 
 CREATE OR REPLACE FUNCTION journal_timeline() RETURNS BIGINT
 LANGUAGE sql STABLE AS $$
