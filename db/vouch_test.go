@@ -2,11 +2,14 @@ package db
 
 import (
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"transferconsumer/event"
+
+	"github.com/lib/pq"
 )
 
 // A queue's mark is vouched for only at the sequence the database holds,
@@ -246,5 +249,56 @@ func TestAMarkMovesOnlyWhileVouchedFor(t *testing.T) {
 	}
 	if err := next(5); err != nil {
 		t.Fatalf("after the restore's read vouched for it: %v", err)
+	}
+}
+
+// A release before sql/0018, running beside this one during a rolling
+// deploy, records a read's vouch as it did (the cluster, database, file
+// and timeline, and vouched_by: its Vouch's statement, as it sends it):
+// the trigger of 0018 turns that into this release's record, so that its
+// lanes' transactions, which run this release's journal_advance, go on;
+// and this release's Vouched trusts it as its own.
+func TestAnOlderReleasesVouchLetsItsLanesGoOn(t *testing.T) {
+	in := NewInbox(testDB(t, 4))
+	l := in.Lane(0).(*lane)
+	defer l.Close()
+	ctx := t.Context()
+	queue := "q-" + newID()
+	older := func(mark int64) {
+		t.Helper()
+		q := `UPDATE journal_mark SET (at, vouched_system, vouched_database, vouched_file, vouched_timeline, vouched_by) = ` +
+			`(SELECT greatest(at, now()), h.system, h.database, h.file, h.timeline, pg_current_xact_id() FROM journal_here() h) ` +
+			`WHERE queue = ` + pq.QuoteLiteral(queue) + ` AND seq = ` + strconv.FormatInt(mark, 10)
+		if mark == 0 {
+			q = `INSERT INTO journal_mark AS m (queue, seq, at, vouched_system, vouched_database, vouched_file, vouched_timeline, vouched_by) ` +
+				`SELECT ` + pq.QuoteLiteral(queue) + `, 0, now(), h.system, h.database, h.file, h.timeline, pg_current_xact_id() FROM journal_here() h ` +
+				`ON CONFLICT (queue) DO UPDATE SET (at, vouched_system, vouched_database, vouched_file, vouched_timeline, vouched_by) = ` +
+				`(greatest(m.at, EXCLUDED.at), EXCLUDED.vouched_system, EXCLUDED.vouched_database, EXCLUDED.vouched_file, ` +
+				`EXCLUDED.vouched_timeline, EXCLUDED.vouched_by) WHERE m.seq = 0`
+		}
+		if _, err := in.db.ExecContext(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	older(0)
+	if _, why, err := l.Vouched(ctx, queue); err != nil || why != "" {
+		t.Fatalf("a queue an older release vouched for at 0: %q (%v), want no doubt", why, err)
+	}
+	if _, err := l.ApplyMarked(ctx, nil, event.Mark{Queue: queue, Prev: 0, Last: 3}); err != nil {
+		t.Fatalf("its lane's first transaction: %v", err)
+	}
+	if _, err := l.ApplyMarked(ctx, nil, event.Mark{Queue: queue, Prev: 3, Last: 5, Restore: true}); err != nil {
+		t.Fatal(err)
+	}
+	older(5)
+	if _, err := l.ApplyMarked(ctx, nil, event.Mark{Queue: queue, Prev: 5, Last: 6}); err != nil {
+		t.Fatalf("after its restore's read vouched for the mark: %v", err)
+	}
+	var left int
+	if err := in.db.Get(&left, `SELECT count(*) FROM journal_mark WHERE vouched_system IS NOT NULL OR vouched_timeline IS NOT NULL`); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Errorf("%d rows keep the older record, which a restore would bring back", left)
 	}
 }
