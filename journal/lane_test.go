@@ -357,8 +357,8 @@ func TestAnEntryThatNoLongerDecodesIsReportedAndItsLossCanBeAccepted(t *testing.
 // it was (class, reason, body that is not JSON, headers), and applies the
 // events around it, in order.
 func TestAParkedLetterIsJournaledAndParkedAgainAfterALoss(t *testing.T) {
-	db, s, out := &database{}, &stream{}, &outbox{}
-	l := newLaneWith(db, s, Config{Letters: out})
+	db, s := &database{}, &stream{}
+	l := newLane(db, s)
 	evs := events(3)
 	applyAll(t, l, evs[:1], 1)
 	letter := event.OutboxLetter{EventID: "poison-1", Class: "poison", Reason: "not JSON",
@@ -368,17 +368,17 @@ func TestAParkedLetterIsJournaledAndParkedAgainAfterALoss(t *testing.T) {
 	}
 	waitJournaled(t, l)
 	applyAll(t, l, evs[1:], 1)
-	if !slices.Equal(db.parked, []string{"poison-1"}) || db.mark != 4 {
-		t.Fatalf("parked %v, mark %d; want the letter with sequence 2, mark 4", db.parked, db.mark)
+	if !slices.Equal(db.letters(), []string{"poison-1"}) || db.mark != 4 {
+		t.Fatalf("parked %v, mark %d; want the letter with sequence 2, mark 4", db.letters(), db.mark)
 	}
 	db.lose(3) // the letter's commit and the events after it
 	if n, err := l.Recover(t.Context()); err != nil || n != 2 {
 		t.Fatalf("%d applied again, %v; want 2", n, err)
 	}
-	if len(out.letters) != 1 {
-		t.Fatalf("%d letters parked again, want 1", len(out.letters))
+	if len(db.outbox) != 1 {
+		t.Fatalf("%d letters parked again, want 1", len(db.outbox))
 	}
-	got := out.letters[0]
+	got := db.outbox[0]
 	if got.EventID != "poison-1" || got.Class != "poison" || got.Reason != "not JSON" || string(got.Body) != string(letter.Body) ||
 		string(got.Headers) != `{"x-producer":"p"}` || got.RoutingKey != "acc_p" || got.Queue != "q.0" {
 		t.Errorf("parked again as %+v", got)

@@ -32,9 +32,17 @@ type database struct {
 	refuse  map[string]error
 	conflic map[string]bool // answered as a producer conflict, committed
 	down    error
-	before  func()   // runs once, at the next ApplyMarked
-	txs     int      // transactions that applied events
-	parked  []string // the letters ParkMarked parked, by event id
+	before  func() // runs once, at the next ApplyMarked or ParkMarked
+	txs     int    // transactions that applied events
+	// outbox is the database's dead_letter_outbox: the letters parked,
+	// in order; a commit taken back takes its letter out. outboxDown
+	// refuses every letter.
+	outbox     []event.OutboxLetter
+	outboxDown error
+	// cut: the commits that move the mark to a sequence fail, so many
+	// times each, as a connection cut before the COMMIT: nothing of them
+	// is written.
+	cut map[int64]int
 	// vouched: a read of the journal vouched for the mark (Vouch), and the
 	// database has lost no commit since (lose forgets it).
 	vouched bool
@@ -45,13 +53,37 @@ type commit struct {
 	mark    int64
 	at      time.Time
 	applied int
+	letters int
 }
 
 func (d *database) lose(n int) {
 	c := d.commits[len(d.commits)-n]
 	d.commits = d.commits[:len(d.commits)-n]
-	d.mark, d.at, d.applied = c.mark, c.at, d.applied[:c.applied]
+	d.mark, d.at, d.applied, d.outbox = c.mark, c.at, d.applied[:c.applied], d.outbox[:c.letters]
 	d.vouched = false // a failover or a restore changes what Vouched reads
+}
+
+// committed records a commit about to be made, for lose.
+func (d *database) committed() {
+	d.commits = append(d.commits, commit{d.mark, d.at, len(d.applied), len(d.outbox)})
+}
+
+// cutShort fails a commit that moves the mark to m.Last while cut says so.
+func (d *database) cutShort(m event.Mark) error {
+	if d.cut[m.Last] == 0 {
+		return nil
+	}
+	d.cut[m.Last]--
+	return event.Transient(fmt.Errorf("the connection was cut before the commit that moves the mark to %d", m.Last))
+}
+
+// letters are the event ids of the outbox's letters, in order.
+func (d *database) letters() []string {
+	out := make([]string, len(d.outbox))
+	for i, l := range d.outbox {
+		out[i] = l.EventID
+	}
+	return out
 }
 
 type modelLane struct{ db *database }
@@ -113,10 +145,15 @@ func (d *database) unvouched(m event.Mark) error {
 	return event.Transient(fmt.Errorf("%w: holds %d, vouched for before a loss", event.ErrJournalGap, d.mark))
 }
 
-// ParkMarked parks lt in the database's outbox (letters) and moves the
-// mark, as one commit.
+// ParkMarked parks lt in the database's outbox and moves the mark, as
+// one commit: the mark's time stays on a restore's move, as
+// journal_advance keeps it.
 func (l modelLane) ParkMarked(_ context.Context, lt event.OutboxLetter, m event.Mark) error {
 	d := l.db
+	if f := d.before; f != nil {
+		d.before = nil
+		f()
+	}
 	if d.down != nil {
 		return event.Transient(d.down)
 	}
@@ -126,9 +163,18 @@ func (l modelLane) ParkMarked(_ context.Context, lt event.OutboxLetter, m event.
 	if err := d.unvouched(m); err != nil {
 		return err
 	}
-	d.commits = append(d.commits, commit{d.mark, d.at, len(d.applied)})
-	d.parked = append(d.parked, lt.EventID)
-	d.mark, d.at = m.Last, time.Now()
+	if d.outboxDown != nil {
+		return event.Transient(d.outboxDown)
+	}
+	if err := d.cutShort(m); err != nil {
+		return err
+	}
+	d.committed()
+	d.outbox = append(d.outbox, lt)
+	d.mark = m.Last
+	if !m.Restore {
+		d.at = time.Now()
+	}
 	return nil
 }
 
@@ -153,7 +199,10 @@ func (l modelLane) ApplyMarked(_ context.Context, evs []event.Event, m event.Mar
 			return nil, err
 		}
 	}
-	d.commits = append(d.commits, commit{d.mark, d.at, len(d.applied)})
+	if err := d.cutShort(m); err != nil {
+		return nil, err
+	}
+	d.committed()
 	if len(evs) > 0 {
 		d.txs++
 	}
@@ -450,18 +499,4 @@ func (k *spill) kept() int {
 		n += m.Entries
 	}
 	return n
-}
-
-// outbox is a model of the database's dead-letter outbox.
-type outbox struct {
-	letters []event.OutboxLetter
-	down    error
-}
-
-func (o *outbox) Park(_ context.Context, l event.OutboxLetter) error {
-	if o.down != nil {
-		return o.down
-	}
-	o.letters = append(o.letters, l)
-	return nil
 }

@@ -225,6 +225,12 @@ func (r *restoring) page(f Found) error {
 		r.started = true
 	}
 	for run := f.Entries; len(run) > 0; {
+		if run[0].Seq <= r.prev {
+			// Another reader's restore moved the mark past it: that
+			// reader applied it, or parked its letter.
+			run = run[1:]
+			continue
+		}
 		n := 1
 		if !run[0].Dead {
 			for n < len(run) && n < restoreBatch && !run[n].Dead {
@@ -248,24 +254,31 @@ func (r *restoring) page(f Found) error {
 const progressEvery = 10_000
 
 // apply applies entries again in one transaction (one dead-lettered
-// entry: moves the mark over it alone). When the database refuses the
-// transaction for one of its messages, it applies them one by one.
+// entry: moves the mark over it alone, parking its letter again if it has
+// one). When the database refuses the transaction for one of its
+// messages, it applies them one by one. Every letter it writes goes with
+// the move of the mark past its entry, in one transaction (parkMarked):
+// the letter is there once the mark is past it, so nothing acked
+// vanishes, and a restore cut short before that commit wrote nothing, so
+// its retry does not write the letter twice.
 func (r *restoring) apply(entries []Entry) error {
 	l, ctx := r.l, r.ctx
+	if e := entries[0]; e.Letter != nil {
+		// A letter parked in the lost commit: parked again (the DLQ may
+		// hold it twice, should the outbox have sent it before the loss).
+		held, err := l.parkMarked(ctx, *e.Letter, r.prev, max(r.prev, e.Seq))
+		if err != nil {
+			return fmt.Errorf("journal: park again the dead letter of entry %d of %s: %w", e.Seq, l.queue, err)
+		}
+		r.prev = held
+		return nil
+	}
 	last := r.prev
 	var evs []event.Event
 	for _, e := range entries {
 		last = max(last, e.Seq)
 		if !e.Dead {
 			evs = append(evs, e.Event)
-		}
-		if e.Letter != nil {
-			// A letter parked in the lost commit: parked again, before
-			// the mark moves past it (the DLQ may hold it twice, should
-			// the outbox have sent it before the loss).
-			if err := l.park(ctx, *e.Letter); err != nil {
-				return err
-			}
 		}
 	}
 	outs, held, err := l.applyMarked(ctx, evs, r.prev, last)
@@ -283,14 +296,10 @@ func (r *restoring) apply(entries []Entry) error {
 	case event.CausedByMessage(event.ClassOf(ctx, err)):
 		// It was applied once, so it should apply again; if the database
 		// refuses it now, it ends as a dead letter with its reason, the
-		// letter written before the mark moves past it: nothing acked
-		// vanishes (twice at most, should the move fail after it).
+		// letter written with the move of the mark past it.
 		refused = err
-		if err := l.letter(ctx, entries[0], refused); err != nil {
-			return err
-		}
-		if _, held, err = l.applyMarked(ctx, nil, r.prev, last); err != nil {
-			return err
+		if held, err = l.parkMarked(ctx, l.letter(ctx, entries[0], refused), r.prev, last); err != nil {
+			return fmt.Errorf("journal: dead-letter entry %d of %s, refused when applied again (%v): %w", entries[0].Seq, l.queue, refused, err)
 		}
 	default:
 		return fmt.Errorf("journal: apply entries %d to %d of %s again: %w", entries[0].Seq, last, l.queue, err)
@@ -319,28 +328,39 @@ func (l *Lane) refused(e Entry, err error) {
 		"queue", l.queue, "seq", e.Seq, "event_id", e.Event.ID, "err", err)
 }
 
-// letter writes e's dead letter, for refused, to the outbox, which the
-// service drains to the dead-letter queue.
-func (l *Lane) letter(ctx context.Context, e Entry, refused error) error {
+// letter is e's dead letter, for refused: the outbox, which the service
+// drains to the dead-letter queue, takes it.
+func (l *Lane) letter(ctx context.Context, e Entry, refused error) event.OutboxLetter {
 	m := e.Event.Message
-	err := l.park(ctx, event.OutboxLetter{
+	return event.OutboxLetter{
 		EventID: e.Event.ID, EventType: e.Event.Type, Class: string(event.ClassOf(ctx, refused)),
 		Reason:     fmt.Sprintf("applied and acked once, then refused when applied again from the journal (entry %d of %s): %v", e.Seq, l.queue, refused),
 		RoutingKey: m.RoutingKey, MessageID: m.MessageID, ContentType: m.ContentType, Body: m.Body,
 		Headers: event.HeadersJSON(m.Headers), Queue: l.queue, At: time.Now(),
-	})
-	if err != nil {
-		return fmt.Errorf("journal: dead-letter entry %d of %s, refused when applied again (%v): %w", e.Seq, l.queue, refused, err)
 	}
-	return nil
 }
 
-// park writes lt to the outbox.
-func (l *Lane) park(ctx context.Context, lt event.OutboxLetter) error {
-	if l.letters == nil {
-		return fmt.Errorf("journal: nowhere to park the dead letter of event %s", lt.EventID)
+// parkMarked parks lt in the outbox and moves the mark from prev to last
+// in the same transaction (MarkedParker), the mark's time staying, as
+// applyMarked moves it, and returns the mark the database then holds.
+// When another reader's restore of the queue has moved the mark to last
+// or past it, that reader parked the letter: it returns no error, and the
+// mark it found.
+func (l *Lane) parkMarked(ctx context.Context, lt event.OutboxLetter, prev, last int64) (int64, error) {
+	mp, ok := l.inner.(MarkedParker)
+	if !ok {
+		return prev, errors.New("the database's lane cannot park a letter with the journal's mark")
 	}
-	return l.letters.Park(ctx, lt)
+	err := mp.ParkMarked(ctx, lt, event.Mark{Queue: l.queue, Prev: prev, Last: last, Restore: true})
+	if errors.Is(err, event.ErrJournalGap) {
+		if held, _, merr := l.inner.Marked(ctx, l.queue); merr == nil && held >= last {
+			return held, nil
+		}
+	}
+	if err != nil {
+		return prev, err
+	}
+	return last, nil
 }
 
 // applyMarked applies evs (none: moves the mark alone) with the mark from prev to
