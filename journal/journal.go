@@ -340,6 +340,11 @@ type Entry struct {
 	// restore parks it again, since the database lost it with the
 	// commit; Event then has only its id and type.
 	Letter *event.OutboxLetter
+	// Undecodable, on a Dead entry: why the entry's event, applied and
+	// acked once, no longer decodes when read back (or its headers do
+	// not); Letter is then its dead letter, which a restore parks instead
+	// of applying it.
+	Undecodable error
 }
 
 // answer waits for a publish's answer on ch; a channel that gave no

@@ -19,33 +19,38 @@ import (
 // written in a transaction of its own, then the mark moved in another, and
 // each retry wrote it again: four letters in the outbox, so four in the
 // dead-letter queue. For a letter parked in the lost commit (parked
-// again), and for an entry the database refuses when applied again.
+// again), an entry the database refuses when applied again, and an entry
+// that no longer decodes.
 func TestARestoreCutShortAtALetterWritesItOnce(t *testing.T) {
 	for _, tt := range []struct {
 		name    string
-		setUp   func(t *testing.T, db *database, l *Lane) // applies 4 entries, the letter's the second
+		lost    func(t *testing.T, db *database, s *stream) // the database lacks entries 1 to 4; the letter's is 2
 		letter  string
 		applied []string
 	}{
-		{"a letter parked in the lost commit", func(t *testing.T, db *database, l *Lane) {
-			evs := events(3)
+		{"a letter parked in the lost commit", func(t *testing.T, db *database, s *stream) {
+			l, evs := newLane(db, s), events(3)
 			applyAll(t, l, evs[:1], 1)
 			if err := l.Park(t.Context(), event.OutboxLetter{EventID: "poison-1", Class: "poison", Reason: "not JSON", Body: []byte("x")}); err != nil {
 				t.Fatal(err)
 			}
 			waitJournaled(t, l)
 			applyAll(t, l, evs[1:], 1)
+			db.lose(4)
 		}, "poison-1", []string{"ev-000", "ev-001", "ev-002"}},
-		{"an entry refused when applied again", func(t *testing.T, db *database, l *Lane) {
-			applyAll(t, l, events(4), 1)
+		{"an entry refused when applied again", func(t *testing.T, db *database, s *stream) {
+			applyAll(t, newLane(db, s), events(4), 1)
+			db.lose(4)
 			db.refuse = map[string]error{"ev-001": event.Transition(errors.New("no longer allowed"))}
 		}, "ev-001", []string{"ev-000", "ev-002", "ev-003"}},
+		{"an entry that no longer decodes", func(t *testing.T, db *database, s *stream) {
+			s.put("q.0", 1, 4, journalBody(goodEntry(1), badEntry(2), goodEntry(3), goodEntry(4)))
+		}, eventID(2), []string{eventID(1), eventID(3), eventID(4)}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			db, s := &database{}, &stream{page: 10}
+			tt.lost(t, db, s)
 			l := newLane(db, s)
-			tt.setUp(t, db, l)
-			db.lose(4)
 			db.cut = map[int64]int{2: 3}
 			restored := restoreUntilDone(t, l)
 			if got := db.letters(); !slices.Equal(got, []string{tt.letter}) || db.mark != 4 || restored != 4 {
@@ -59,12 +64,13 @@ func TestARestoreCutShortAtALetterWritesItOnce(t *testing.T) {
 	}
 }
 
-// restoreUntilDone has the watch check l until a restore ends without an
-// error, ten times at most, and returns how many it took.
+// restoreUntilDone restores l's queue until a restore ends without an
+// error (as the worker's retries do), ten times at most, and returns how
+// many it took.
 func restoreUntilDone(t *testing.T, l *Lane) int {
 	t.Helper()
 	for n := 1; n <= 10; n++ {
-		if _, err := l.Check(t.Context()); err == nil {
+		if _, err := l.Recover(t.Context()); err == nil {
 			return n
 		}
 	}

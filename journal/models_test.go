@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"transferconsumer/event"
 )
 
@@ -235,8 +237,12 @@ type stream struct {
 	// one's context would have waited for it.
 	stuck    bool
 	stuckFor time.Duration
-	// bad: the entries whose message no longer decodes.
+	// bad: the entries whose message no longer parses.
 	bad map[int64]bool
+	// raw: messages put in the stream as they are (put), which a read
+	// hands over through the real takeDelivery, each before the entry
+	// that was next when it was put.
+	raw []rawMessage
 	// blocked: a read cannot begin, its fence held by a broker alarm.
 	blocked bool
 	atPage  func() // runs before each page is handed over
@@ -316,13 +322,35 @@ func (s *stream) take(queue string, msgs []event.Spilled) error {
 			e := Entry{Queue: queue, Seq: w.Seq, Dead: w.Dead,
 				Event: event.Event{ID: w.MessageID, Type: w.Type, Message: event.Message{MessageID: w.MessageID, Body: w.Body}}}
 			if w.Letter != nil {
-				e, _ = w.entry(queue) // a letter's, as the real read takes it
+				e = w.entry(queue) // a letter's, as the real read takes it
 			}
 			s.entries = append(s.entries, e)
 			s.written = append(s.written, time.Now())
 		}
 	}
 	return nil
+}
+
+// rawMessage is a journal message put in the stream as it is.
+type rawMessage struct {
+	before  int // the index of the entry it comes before
+	headers amqp.Table
+	body    []byte
+	written time.Time
+}
+
+// put appends to the stream a message of queue that holds its entries
+// first … last, body as it is, as another process (another release) may
+// have written it: a read hands it over as the Journal's read does, its
+// offset in the stream counted in messages.
+func (s *stream) put(queue string, first, last int64, body []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.head.IsZero() {
+		s.head = time.Now()
+	}
+	h := amqp.Table{hQueue: queue, hFirst: first, hLast: last, "x-stream-offset": int64(len(s.entries) + len(s.raw))}
+	s.raw = append(s.raw, rawMessage{before: len(s.entries), headers: h, body: body, written: time.Now()})
 }
 
 // readAll hands over pages of two entries, unless told otherwise, so that
@@ -350,24 +378,41 @@ func (s *stream) readAll(ctx context.Context, since time.Time, wants map[string]
 	// The writer may write meanwhile (a restore does not wait for what
 	// the database holds): the read sees what was written when it began.
 	s.mu.Lock()
-	head, entries, written := s.head, slices.Clone(s.entries), slices.Clone(s.written)
+	head, entries, written, raw := s.head, slices.Clone(s.entries), slices.Clone(s.written), slices.Clone(s.raw)
 	s.mu.Unlock()
 	for _, w := range wants {
 		w.found = Found{Tail: w.after, FromStart: since.IsZero(), Head: head}
 	}
+	putBefore := func(i int) error {
+		for ; len(raw) > 0 && raw[0].before == i; raw = raw[1:] {
+			if raw[0].written.Before(since) {
+				continue
+			}
+			if _, err := takeDelivery(wants, raw[0].headers, raw[0].body); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	for i, e := range entries {
+		if err := putBefore(i); err != nil {
+			return err
+		}
 		w := wants[e.Queue]
 		if w == nil || w.err != nil || written[i].Before(since) {
 			continue // the stream's clock is the database's here: no skew
 		}
 		if s.bad[e.Seq] {
-			w.unreadable(e.Seq, e.Seq, e.Seq, errors.New("no longer decodes"))
+			w.unreadable(e.Seq, e.Seq, e.Seq, errors.New("no longer parses"))
 			continue
 		}
 		w.take(e)
 		if len(w.found.Entries) == size {
 			page(w)
 		}
+	}
+	if err := putBefore(len(entries)); err != nil {
+		return err
 	}
 	for _, w := range wants {
 		if w.err == nil && len(w.found.Entries) > 0 {

@@ -266,9 +266,16 @@ func (r *restoring) apply(entries []Entry) error {
 	if e := entries[0]; e.Letter != nil {
 		// A letter parked in the lost commit: parked again (the DLQ may
 		// hold it twice, should the outbox have sent it before the loss).
+		// Or an entry that no longer decodes: applied and acked once, it
+		// ends as a dead letter with its reason, and its neighbours are
+		// applied.
 		held, err := l.parkMarked(ctx, *e.Letter, r.prev, max(r.prev, e.Seq))
 		if err != nil {
-			return fmt.Errorf("journal: park again the dead letter of entry %d of %s: %w", e.Seq, l.queue, err)
+			return fmt.Errorf("journal: dead-letter entry %d of %s: %w", e.Seq, l.queue, err)
+		}
+		if e.Undecodable != nil {
+			l.log.Error("journal: an entry the service had applied and acked no longer decodes when applied again; it goes to the dead-letter queue",
+				"queue", l.queue, "seq", e.Seq, "event_id", e.Event.ID, "err", e.Undecodable)
 		}
 		r.prev = held
 		return nil
