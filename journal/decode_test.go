@@ -6,6 +6,7 @@ package journal
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -112,6 +113,89 @@ func TestADeadEntryThatNoLongerDecodesIsPassedOver(t *testing.T) {
 		t.Fatalf("%d applied (%v), mark %d, letters %v; want 2, the mark 3, no letter", n, err, db.mark, db.letters())
 	}
 	if want := []string{eventID(1), eventID(3)}; !slices.Equal(db.applied, want) {
+		t.Errorf("applied %v, want %v", db.applied, want)
+	}
+}
+
+// A message that does not parse at all holds its queue: the entries before
+// it are applied, then the queue waits, its event in hand, until an
+// operator accepts the loss; the report, and AcceptLoss's log, name
+// exactly what the mark moves past (the message's entries above the mark),
+// the message's offset and why. Here the database kept the commits of two
+// of the message's four entries (it holds a write of several
+// transactions): before, that message was reported as one past the mark
+// ('holds entries 3 to 6 ... but the database holds up to entry 4'), which
+// recover --accept-loss could not accept, and the queue waited for good.
+func TestAMessageThatDoesNotParseNamesExactlyWhatItsLossSkips(t *testing.T) {
+	db, s := &database{}, &stream{}
+	s.put("q.0", 1, 2, journalBody(goodEntry(1), goodEntry(2)))
+	s.put("q.0", 3, 6, []byte(`[{"seq":3,"body":{"eventId":`)) // cut short
+	s.put("q.0", 7, 8, journalBody(goodEntry(7), goodEntry(8)))
+	db.mark = 4
+	var log bytes.Buffer
+	l := makeLane(s, Config{}, "q.0", modelLane{db}, slog.New(slog.NewTextHandler(&log, nil)))
+	_, err := l.Recover(t.Context())
+	var short *ShortError
+	if !errors.As(err, &short) || short.Unreadable == nil || short.Mark != 4 || short.First != 7 || short.Offset != int64(1) ||
+		short.Holds != [2]int64{3, 6} {
+		t.Fatalf("%v; want the queue waiting, the loss of entries 5 to 6 named, in the message at offset 1 that holds 3 to 6", err)
+	}
+	for _, want := range []string{"holds up to entry 4", "offset 1, which holds entries 3 to 6", "unexpected end of JSON input",
+		"so entries 5 to 6 (2 events) cannot be applied again"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the report %q does not say %q", err, want)
+		}
+	}
+	if _, err := applyBatch(t, l, events(1)); !errors.As(err, &short) || len(db.applied) != 0 || db.mark != 4 {
+		t.Fatalf("the queue's next event: %v, applied %v, mark %d; want it to wait, nothing applied", err, db.applied, db.mark)
+	}
+	log.Reset()
+	if err := l.AcceptLoss(t.Context(), short); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"from_seq=5 to_seq=6 offset=1", "unexpected end of JSON input"} {
+		if !strings.Contains(log.String(), want) {
+			t.Errorf("accepting the loss logged %q, which does not say %q", log.String(), want)
+		}
+	}
+	if n, err := l.Recover(t.Context()); err != nil || n != 2 || db.mark != 8 {
+		t.Fatalf("after the loss was accepted: %d applied (%v), mark %d; want 2, mark 8", n, err, db.mark)
+	}
+	if want := []string{eventID(7), eventID(8)}; !slices.Equal(db.applied, want) {
+		t.Errorf("applied %v, want %v", db.applied, want)
+	}
+}
+
+// A restore that another reader's overtook past a message that does not
+// parse (that reader's loss accepted and the rest restored) goes on from
+// where the other got to: the message's entries are below the mark now,
+// and there is no loss left to report.
+func TestARestoreOvertakenPastAMessageThatDoesNotParseGoesOn(t *testing.T) {
+	db, s := &database{}, &stream{}
+	s.put("q.0", 1, 2, journalBody(goodEntry(1), goodEntry(2)))
+	s.put("q.0", 3, 3, journalBody(goodEntry(3)))
+	s.put("q.0", 4, 6, []byte(`not JSON`))
+	s.put("q.0", 7, 8, journalBody(goodEntry(7), goodEntry(8)))
+	db.mark = 2
+	a, b := newLane(db, s), newLane(db, s)
+	db.before = func() { // at a's first commit: b restores, accepts the loss, restores the rest
+		_, err := b.Recover(t.Context())
+		var short *ShortError
+		if !errors.As(err, &short) {
+			t.Errorf("the other restore: %v, want the loss reported", err)
+			return
+		}
+		if err := b.AcceptLoss(t.Context(), short); err != nil {
+			t.Error(err)
+		}
+		if _, err := b.Recover(t.Context()); err != nil {
+			t.Error(err)
+		}
+	}
+	if _, err := a.Recover(t.Context()); err != nil || a.Mark() != 8 || db.mark != 8 {
+		t.Fatalf("the restore the other overtook: %v, lane's mark %d, database's %d; want no error, 8", err, a.Mark(), db.mark)
+	}
+	if want := []string{eventID(3), eventID(7), eventID(8)}; !slices.Equal(db.applied, want) {
 		t.Errorf("applied %v, want %v", db.applied, want)
 	}
 }

@@ -317,13 +317,14 @@ func TestAOneEntryGapIsReported(t *testing.T) {
 	}
 }
 
-// A journal message that no longer decodes does not block its queue for
+// A journal message that no longer parses does not block its queue for
 // good: the entries before it are applied, then the queue waits, reported
 // as one whose journal does not reach back is, naming the entries that
 // message holds, and its retries read nothing while the mark stays; once
 // an operator accepts their loss (recover --accept-loss), the rest is
-// restored.
-func TestAnEntryThatNoLongerDecodesIsReportedAndItsLossCanBeAccepted(t *testing.T) {
+// restored. (An entry that no longer decodes in a message that parses is
+// dead-lettered instead: decode_test.go.)
+func TestAMessageThatNoLongerParsesIsReportedAndItsLossCanBeAccepted(t *testing.T) {
 	db, s := &database{}, &stream{}
 	l := newLane(db, s)
 	applyAll(t, l, events(6), 1)
@@ -332,7 +333,7 @@ func TestAnEntryThatNoLongerDecodesIsReportedAndItsLossCanBeAccepted(t *testing.
 	_, err := l.Recover(t.Context())
 	var short *ShortError
 	if !errors.As(err, &short) || short.Unreadable == nil || short.Mark != 3 || short.First != 5 || short.Missing() != 1 {
-		t.Fatalf("%v, want the entry 4 named as not decoding, after entry 3 applied", err)
+		t.Fatalf("%v, want the entry 4 named as not parsing, after entry 3 applied", err)
 	}
 	reads := s.reads
 	if _, err := l.Recover(t.Context()); !errors.As(err, &short) || s.reads != reads {

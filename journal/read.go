@@ -69,7 +69,7 @@ func (w *want) take(e Entry) {
 }
 
 // unreadable: a message of the queue, holding entries first … last, does
-// not decode.
+// not parse (its JSON, or its several-queues envelope).
 type unreadable struct {
 	first, last int64
 	offset      any
@@ -77,11 +77,11 @@ type unreadable struct {
 }
 
 func (u *unreadable) Error() string {
-	return fmt.Sprintf("entries %d to %d at offset %v do not decode: %v", u.first, u.last, u.offset, u.err)
+	return fmt.Sprintf("the message at offset %v, holding entries %d to %d, does not parse: %v", u.offset, u.first, u.last, u.err)
 }
 
 // unreadable notes a message of w's queue, holding entries first … last,
-// that does not decode. One above the mark ends the queue's read, once
+// that does not parse. One above the mark ends the queue's read, once
 // the entries before it are handed over: it returns true then. One at or
 // below the mark, or a copy, needs no reading.
 func (w *want) unreadable(first, last int64, offset any, err error) bool {
@@ -214,8 +214,9 @@ func (j *Journal) readAll(ctx context.Context, since time.Time, wants map[string
 // takeDelivery hands a journal message's entries to the wants of their
 // queues: a message of one queue (hQueue), or of several (hQueues). It
 // returns how many of those queues' reads it ended (their page failed, or
-// their message does not decode), and an error when a message does not
-// decode and does not say which entries it holds.
+// their message does not parse), and an error when a message does not
+// parse and does not say which entries it holds. An entry that does not
+// decode in a message that parses is handed over as such (decode).
 func takeDelivery(wants map[string]*want, headers amqp.Table, body []byte) (ended int, err error) {
 	offset := headers["x-stream-offset"]
 	take := func(q string, entries json.RawMessage, r amqp.Table, decodeErr error) error {
