@@ -166,7 +166,7 @@ func TestAMessageThatDoesNotParseNamesExactlyWhatItsLossSkips(t *testing.T) {
 	}
 }
 
-// A restore that another reader's overtook past a message that does not
+// A restore that another reader's restore overtook past a message that does not
 // parse (that reader's loss accepted and the rest restored) goes on from
 // where the other got to: the message's entries are below the mark now,
 // and there is no loss left to report.
