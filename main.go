@@ -167,7 +167,7 @@ func serve(ctx context.Context, cfg config.Config, migrations fs.FS, stderr io.W
 	ccfg.Tracer = tracer
 	inbox := db.NewInbox(database)
 	if jr != nil {
-		jr.Use(inbox) // where entries wait while the stream does not take them, and refused ones' letters go
+		jr.Use(inbox) // where entries wait while the stream does not take them
 		// Every queue is compared with the journal, and restored, in one
 		// read of the stream before any is consumed (adr/0014).
 		queues := make([]string, cfg.QueueCount)

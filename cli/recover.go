@@ -28,8 +28,11 @@ When the journal no longer reaches back to a queue's mark (its retention
 took entries no one holds now), it says how many events at most are lost
 and since when, and exits 1: the service does not consume that queue
 until --accept-loss moves the queue's mark past them. The same holds for
-a journal message that no longer decodes: it names the entries it holds,
-and --accept-loss moves the mark past them.
+a journal message that no longer parses: it names the entries above the
+mark it holds, its offset in the stream and why, and --accept-loss moves
+the mark past exactly those, saying so again. An entry whose event no
+longer decodes in a message that parses is no loss to accept: it goes to
+the dead-letter queue with its reason, and its neighbours are applied.
 
 Flags:
   --accept-loss   accept the loss a queue's report names, and restore the rest
@@ -81,13 +84,8 @@ func recoverCommand(ctx context.Context, cfg config.Config, accept bool, stdout,
 		n, err := applied[queue], errs[queue]
 		var se *journal.ShortError
 		if errors.As(err, &se) && accept {
-			if se.Unreadable != nil {
-				fmt.Fprintf(stdout, "%s: accepted the loss of entries %d to %d, whose journal message at offset %v does not decode: %v\n",
-					queue, se.Mark+1, se.First-1, se.Offset, se.Unreadable)
-			} else {
-				fmt.Fprintf(stdout, "%s: accepted the loss of up to %d events acked after %s\n", queue, se.Missing(), se.Since.UTC().Format("2006-01-02T15:04:05Z"))
-			}
 			if err = l.AcceptLoss(ctx, se); err == nil {
+				fmt.Fprintln(stdout, accepted(queue, se))
 				n, err = l.Recover(ctx)
 			}
 		}
@@ -105,4 +103,17 @@ func recoverCommand(ctx context.Context, cfg config.Config, accept bool, stdout,
 		return fmt.Errorf("recover: %d queue(s) cannot be restored whole; the service does not consume them until recover --accept-loss", short)
 	}
 	return nil
+}
+
+// accepted is what recover --accept-loss says it moved queue's mark past:
+// exactly the entries se names (its Mark+1 … First-1), and why they are
+// lost.
+func accepted(queue string, se *journal.ShortError) string {
+	if se.Unreadable != nil {
+		return fmt.Sprintf("%s: accepted the loss of entries %d to %d (%d events): the journal's message at offset %v, "+
+			"which holds entries %d to %d, does not parse: %v",
+			queue, se.Mark+1, se.First-1, se.Missing(), se.Offset, se.Holds[0], se.Holds[1], se.Unreadable)
+	}
+	return fmt.Sprintf("%s: accepted the loss of up to %d events (entries %d to %d) acked after %s, which the journal no longer holds",
+		queue, se.Missing(), se.Mark+1, se.First-1, se.Since.UTC().Format("2006-01-02T15:04:05Z"))
 }

@@ -243,3 +243,81 @@ func TestARestoresMoveKeepsTheMarksTime(t *testing.T) {
 		t.Errorf("a queue's first row, made by a restore: mark %d at %v (%v), want 4 and no time", seq, at, err)
 	}
 }
+
+// A restore's letter (ParkMarked with Restore: a letter the lost commit
+// had parked, or an entry the database refuses, or that no longer
+// decodes, when applied again) moves the mark as a restore's move does:
+// its time stays, and no read need have vouched for it. And the letter and
+// the move are one transaction, so that a restore cut short between them
+// never writes the letter twice: a move that fails (a gap) parks nothing,
+// and a letter the outbox refuses leaves the mark where it was.
+func TestARestoresLetterMovesTheMarkInItsTransactionAndKeepsItsTime(t *testing.T) {
+	in := NewInbox(testDB(t, 4))
+	l := in.Lane(0).(*lane)
+	defer l.Close()
+	ctx := t.Context()
+	queue := "q-" + newID()
+	ev := newEvent(t, newID(), "TransferCreated", newID(), "acc-"+queue, "acc-b-"+queue, 5)
+	if _, err := l.ApplyMarked(ctx, []event.Event{ev}, event.Mark{Queue: queue, Prev: 0, Last: 2}); err != nil {
+		t.Fatal(err)
+	}
+	// An hour back, and never vouched for by a read (as after a failover).
+	if _, err := in.db.Exec(`UPDATE journal_mark SET at = now() - interval '1 hour' WHERE queue = $1`, queue); err != nil {
+		t.Fatal(err)
+	}
+	_, old, err := l.Marked(ctx, queue)
+	if err != nil {
+		t.Fatal(err)
+	}
+	letter := func(reason string) event.OutboxLetter {
+		return event.OutboxLetter{EventID: newID(), EventType: "TransferCreated", Class: "poison", Reason: reason,
+			RoutingKey: "acc_x", Body: []byte(`{}`), Queue: queue}
+	}
+	letters := func(lt event.OutboxLetter) int {
+		t.Helper()
+		var n int
+		if err := in.db.Get(&n, `SELECT count(*) FROM dead_letter_outbox WHERE event_id = $1`, lt.EventID); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	mark := func() (int64, time.Time) {
+		t.Helper()
+		seq, at, err := l.Marked(ctx, queue)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return seq, at
+	}
+
+	parked := letter("applied and acked once, then no longer decodes")
+	if err := l.ParkMarked(ctx, parked, event.Mark{Queue: queue, Prev: 2, Last: 3, Restore: true}); err != nil {
+		t.Fatalf("a restore's letter, the mark not vouched for: %v", err)
+	}
+	if seq, at := mark(); seq != 3 || !at.Equal(old) || letters(parked) != 1 {
+		t.Fatalf("mark %d at %s, %d letters; want 3 at %s, the time it had, and the letter", seq, at, letters(parked), old)
+	}
+
+	gap := letter("from a mark the database does not hold")
+	if err := l.ParkMarked(ctx, gap, event.Mark{Queue: queue, Prev: 7, Last: 8, Restore: true}); !errors.Is(err, event.ErrJournalGap) {
+		t.Fatalf("from a mark the database does not hold: %v, want ErrJournalGap", err)
+	}
+	if n := letters(gap); n != 0 {
+		t.Fatalf("the move failed and %d letters were parked", n)
+	}
+
+	// The outbox refuses a letter after the move ran, in the same statement.
+	if _, err := in.db.Exec(`CREATE FUNCTION refuse_letter() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN IF NEW.reason = 'refused' THEN RAISE EXCEPTION 'the outbox refuses it'; END IF; RETURN NEW; END $$;
+		CREATE TRIGGER refuse_letter BEFORE INSERT ON dead_letter_outbox FOR EACH ROW EXECUTE FUNCTION refuse_letter()`); err != nil {
+		t.Fatal(err)
+	}
+	refused := letter("refused")
+	if err := l.ParkMarked(ctx, refused, event.Mark{Queue: queue, Prev: 3, Last: 4, Restore: true}); err == nil {
+		t.Fatal("the outbox refused the letter, and ParkMarked returned no error")
+	}
+	if seq, at := mark(); seq != 3 || !at.Equal(old) || letters(refused) != 0 {
+		t.Fatalf("after a letter the outbox refused: mark %d at %s, %d letters; want the mark where it was (3 at %s), no letter",
+			seq, at, letters(refused), old)
+	}
+}

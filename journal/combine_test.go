@@ -11,8 +11,9 @@ import (
 
 // What several lanes write at once goes in one stream message, and a read
 // hands each queue its own entries back from it, as from a message of one
-// queue; one lane's write alone keeps the one-queue form. A message that
-// no longer decodes names, for each queue, the entries it held.
+// queue; one lane's write alone keeps the one-queue form. An entry that no
+// longer decodes comes back alone, with its letter, in its queue's part; a
+// message that no longer parses names, for each queue, the entries it held.
 func TestSeveralLanesWritesGoInOneMessageAndComeBackApart(t *testing.T) {
 	ev := func(seq int64) Entry {
 		id := "ev-" + string(rune('a'+seq))
@@ -41,10 +42,29 @@ func TestSeveralLanesWritesGoInOneMessageAndComeBackApart(t *testing.T) {
 	if r := pubs[0].Headers[hQueues]; r != `{"q.0":[3,5],"q.1":[7,7]}` {
 		t.Errorf("ranges %v, want q.0's 3 to 5 and q.1's 7", r)
 	}
-	// A body of {} is no event, so each queue's part is reported as not
-	// decoding, with its range.
-	wants := map[string]*want{"q.0": {after: 3, page: func(Found) error { return nil }}, "q.1": {page: func(Found) error { return nil }}}
+	// A body of {} is no event: each entry comes back alone, as one that
+	// no longer decodes, with its letter, in its own queue's part.
+	noop := func(Found) error { return nil }
+	wants := map[string]*want{"q.0": {after: 3, page: noop}, "q.1": {page: noop}}
 	ended, err := takeDelivery(wants, pubs[0].Headers, pubs[0].Body)
+	if err != nil || ended != 0 {
+		t.Fatalf("ended %d, %v; want each queue's part read", ended, err)
+	}
+	for q, want := range map[string][]int64{"q.0": {4, 5}, "q.1": {7}} {
+		es := wants[q].found.Entries
+		if got := seqsOf(es); !slices.Equal(got, want) {
+			t.Fatalf("%s got %v, want %v", q, got, want)
+		}
+		for _, e := range es {
+			if e.Undecodable == nil || !e.Dead || e.Letter == nil || e.Letter.Queue != q || string(e.Letter.Body) != "{}" {
+				t.Errorf("%s's entry %d: %+v; want it dead, with its letter and why", q, e.Seq, e)
+			}
+		}
+	}
+	// A body that does not parse: each queue's part is reported with its
+	// range.
+	wants = map[string]*want{"q.0": {after: 3, page: noop}, "q.1": {page: noop}}
+	ended, err = takeDelivery(wants, pubs[0].Headers, pubs[0].Body[:len(pubs[0].Body)-1])
 	var u *unreadable
 	if err != nil || ended != 2 || !errors.As(wants["q.0"].err, &u) || u.first != 3 || u.last != 5 {
 		t.Fatalf("ended %d, %v, q.0: %v; want both queues' parts named, q.0's 3 to 5", ended, err, wants["q.0"].err)
@@ -70,7 +90,7 @@ func TestSeveralLanesWritesGoInOneMessageAndComeBackApart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wants = map[string]*want{"q.0": {after: 3, page: func(Found) error { return nil }}, "q.1": {page: func(Found) error { return nil }}}
+	wants = map[string]*want{"q.0": {after: 3, page: noop}, "q.1": {page: noop}}
 	for _, w := range wants {
 		w.found.Tail = w.after
 	}

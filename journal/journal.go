@@ -124,9 +124,14 @@ type Config struct {
 	// (JOURNAL_KEEP_AFTER). Without it, the acks wait for the stream.
 	Spill     event.JournalSpill
 	KeepAfter time.Duration
-	// Letters, when set, is where an entry the database refuses when it
-	// is applied again goes, as a dead letter with its reason (the
-	// outbox, which the service drains to the dead-letter queue).
+	// Letters is no longer read: a restore writes the letter of an entry
+	// the database refuses when applied again, or that no longer
+	// decodes, through its lane's ParkMarked (MarkedParker), in the
+	// transaction that moves the mark past the entry. A Parker written
+	// apart from that move was written again by each retry of a restore
+	// cut short between the two.
+	//
+	// Deprecated: the lane's database parks the letters.
 	Letters Parker
 	// Skew is how far the database's clock and the broker's may be
 	// apart (JOURNAL_CLOCK_SKEW); DefaultSkew when zero.
@@ -204,22 +209,21 @@ var errBlocked = errors.New("the broker blocks publishing (a memory or disk alar
 // New returns a journal over cfg; it connects when first used.
 func New(cfg Config) *Journal { return &Journal{cfg: cfg} }
 
-// Parker writes a dead letter to the database's outbox.
+// Parker writes a dead letter to the database's outbox (Config.Letters,
+// no longer read).
 type Parker interface {
 	Park(ctx context.Context, l event.OutboxLetter) error
 }
 
-// Database is what the journal keeps in the database besides the mark.
+// Database is what the journal keeps in the database besides the mark and
+// the letters, which its lanes write (MarkedParker).
 type Database interface {
 	event.JournalSpill
-	Parker
 }
 
 // Use has the journal keep a queue's entries in d while the stream does
-// not take them (Config.Spill), and dead-letter there an entry the
-// database refuses when applied again (Config.Letters). It must be called
-// before any lane opens.
-func (j *Journal) Use(d Database) { j.cfg.Spill, j.cfg.Letters = d, d }
+// not take them (Config.Spill). It must be called before any lane opens.
+func (j *Journal) Use(d Database) { j.cfg.Spill = d }
 
 // Args are the stream's arguments.
 func (c Config) Args() amqp.Table {
@@ -336,6 +340,11 @@ type Entry struct {
 	// restore parks it again, since the database lost it with the
 	// commit; Event then has only its id and type.
 	Letter *event.OutboxLetter
+	// Undecodable, on a Dead entry: why the entry's event, applied and
+	// acked once, no longer decodes when read back (or its headers do
+	// not); Letter is then its dead letter, which a restore parks instead
+	// of applying it.
+	Undecodable error
 }
 
 // answer waits for a publish's answer on ch; a channel that gave no

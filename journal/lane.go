@@ -26,7 +26,6 @@ type Lane struct {
 	inner   event.MarkedLane
 	log     *slog.Logger
 	reports Reports
-	letters Parker
 	onClose func(prev int64, synced bool, kept int)
 
 	// mu makes the worker's applies, the watch's checks and the restores
@@ -74,7 +73,7 @@ func makeLane(s store, cfg Config, queue string, inner event.MarkedLane, log *sl
 	if keepAfter <= 0 {
 		keepAfter = DefaultKeepAfter
 	}
-	return &Lane{j: s, queue: queue, inner: inner, log: log, reports: cfg.Reports, letters: cfg.Letters,
+	return &Lane{j: s, queue: queue, inner: inner, log: log, reports: cfg.Reports,
 		out: appender{j: s, spill: cfg.Spill, keepAfter: keepAfter, queue: queue, log: log, reports: cfg.Reports}}
 }
 
@@ -144,7 +143,10 @@ func (l *Lane) ApplyBatch(ctx context.Context, evs []event.Event) ([]event.Outco
 }
 
 // MarkedParker is a database lane that can park a dead letter and move
-// the journal's mark in one transaction (db's ParkMarked).
+// the journal's mark in one transaction (db's ParkMarked): a worker's
+// letter during a broker alarm (Park) takes its entry's sequence so, and
+// a restore writes every letter so, with the move of the mark past its
+// entry.
 type MarkedParker interface {
 	ParkMarked(ctx context.Context, l event.OutboxLetter, m event.Mark) error
 }

@@ -317,13 +317,14 @@ func TestAOneEntryGapIsReported(t *testing.T) {
 	}
 }
 
-// A journal message that no longer decodes does not block its queue for
+// A journal message that no longer parses does not block its queue for
 // good: the entries before it are applied, then the queue waits, reported
 // as one whose journal does not reach back is, naming the entries that
 // message holds, and its retries read nothing while the mark stays; once
 // an operator accepts their loss (recover --accept-loss), the rest is
-// restored.
-func TestAnEntryThatNoLongerDecodesIsReportedAndItsLossCanBeAccepted(t *testing.T) {
+// restored. (An entry that no longer decodes in a message that parses is
+// dead-lettered instead: decode_test.go.)
+func TestAMessageThatNoLongerParsesIsReportedAndItsLossCanBeAccepted(t *testing.T) {
 	db, s := &database{}, &stream{}
 	l := newLane(db, s)
 	applyAll(t, l, events(6), 1)
@@ -332,7 +333,7 @@ func TestAnEntryThatNoLongerDecodesIsReportedAndItsLossCanBeAccepted(t *testing.
 	_, err := l.Recover(t.Context())
 	var short *ShortError
 	if !errors.As(err, &short) || short.Unreadable == nil || short.Mark != 3 || short.First != 5 || short.Missing() != 1 {
-		t.Fatalf("%v, want the entry 4 named as not decoding, after entry 3 applied", err)
+		t.Fatalf("%v, want the entry 4 named as not parsing, after entry 3 applied", err)
 	}
 	reads := s.reads
 	if _, err := l.Recover(t.Context()); !errors.As(err, &short) || s.reads != reads {
@@ -357,8 +358,8 @@ func TestAnEntryThatNoLongerDecodesIsReportedAndItsLossCanBeAccepted(t *testing.
 // it was (class, reason, body that is not JSON, headers), and applies the
 // events around it, in order.
 func TestAParkedLetterIsJournaledAndParkedAgainAfterALoss(t *testing.T) {
-	db, s, out := &database{}, &stream{}, &outbox{}
-	l := newLaneWith(db, s, Config{Letters: out})
+	db, s := &database{}, &stream{}
+	l := newLane(db, s)
 	evs := events(3)
 	applyAll(t, l, evs[:1], 1)
 	letter := event.OutboxLetter{EventID: "poison-1", Class: "poison", Reason: "not JSON",
@@ -368,17 +369,17 @@ func TestAParkedLetterIsJournaledAndParkedAgainAfterALoss(t *testing.T) {
 	}
 	waitJournaled(t, l)
 	applyAll(t, l, evs[1:], 1)
-	if !slices.Equal(db.parked, []string{"poison-1"}) || db.mark != 4 {
-		t.Fatalf("parked %v, mark %d; want the letter with sequence 2, mark 4", db.parked, db.mark)
+	if !slices.Equal(db.letters(), []string{"poison-1"}) || db.mark != 4 {
+		t.Fatalf("parked %v, mark %d; want the letter with sequence 2, mark 4", db.letters(), db.mark)
 	}
 	db.lose(3) // the letter's commit and the events after it
 	if n, err := l.Recover(t.Context()); err != nil || n != 2 {
 		t.Fatalf("%d applied again, %v; want 2", n, err)
 	}
-	if len(out.letters) != 1 {
-		t.Fatalf("%d letters parked again, want 1", len(out.letters))
+	if len(db.outbox) != 1 {
+		t.Fatalf("%d letters parked again, want 1", len(db.outbox))
 	}
-	got := out.letters[0]
+	got := db.outbox[0]
 	if got.EventID != "poison-1" || got.Class != "poison" || got.Reason != "not JSON" || string(got.Body) != string(letter.Body) ||
 		string(got.Headers) != `{"x-producer":"p"}` || got.RoutingKey != "acc_p" || got.Queue != "q.0" {
 		t.Errorf("parked again as %+v", got)

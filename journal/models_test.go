@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"transferconsumer/event"
 )
 
@@ -32,12 +34,20 @@ type database struct {
 	refuse  map[string]error
 	conflic map[string]bool // answered as a producer conflict, committed
 	down    error
-	before  func() // runs once, at the next ApplyMarked
+	before  func() // runs once, at the next ApplyMarked or ParkMarked
 	// vouching runs once, at the next Vouched, before it answers:
 	// another reader's commit meanwhile.
 	vouching func()
-	txs      int      // transactions that applied events
-	parked   []string // the letters ParkMarked parked, by event id
+	txs      int // transactions that applied events
+	// outbox is the database's dead_letter_outbox: the letters parked,
+	// in order; a commit taken back takes its letter out. outboxDown
+	// refuses every letter.
+	outbox     []event.OutboxLetter
+	outboxDown error
+	// cut: the commits that move the mark to a sequence fail, so many
+	// times each, as a connection cut before the COMMIT: nothing of them
+	// is written.
+	cut map[int64]int
 	// vouched: a read of the journal vouched for the mark (Vouch), the
 	// database has lost no commit since (lose forgets it), and no
 	// restore moved it since (a restore's move forgets it, as
@@ -50,13 +60,37 @@ type commit struct {
 	mark    int64
 	at      time.Time
 	applied int
+	letters int
 }
 
 func (d *database) lose(n int) {
 	c := d.commits[len(d.commits)-n]
 	d.commits = d.commits[:len(d.commits)-n]
-	d.mark, d.at, d.applied = c.mark, c.at, d.applied[:c.applied]
+	d.mark, d.at, d.applied, d.outbox = c.mark, c.at, d.applied[:c.applied], d.outbox[:c.letters]
 	d.vouched = false // a failover or a restore changes what Vouched reads
+}
+
+// committed records a commit about to be made, for lose.
+func (d *database) committed() {
+	d.commits = append(d.commits, commit{d.mark, d.at, len(d.applied), len(d.outbox)})
+}
+
+// cutShort fails a commit that moves the mark to m.Last while cut says so.
+func (d *database) cutShort(m event.Mark) error {
+	if d.cut[m.Last] == 0 {
+		return nil
+	}
+	d.cut[m.Last]--
+	return event.Transient(fmt.Errorf("the connection was cut before the commit that moves the mark to %d", m.Last))
+}
+
+// letters are the event ids of the outbox's letters, in order.
+func (d *database) letters() []string {
+	out := make([]string, len(d.outbox))
+	for i, l := range d.outbox {
+		out[i] = l.EventID
+	}
+	return out
 }
 
 type modelLane struct{ db *database }
@@ -115,10 +149,15 @@ func (d *database) unvouched(m event.Mark) error {
 	return event.Transient(fmt.Errorf("%w: holds %d, vouched for before a loss", event.ErrJournalGap, d.mark))
 }
 
-// ParkMarked parks lt in the database's outbox (letters) and moves the
-// mark, as one commit.
+// ParkMarked parks lt in the database's outbox and moves the mark, as
+// one commit: the mark's time stays on a restore's move, as
+// journal_advance keeps it.
 func (l modelLane) ParkMarked(_ context.Context, lt event.OutboxLetter, m event.Mark) error {
 	d := l.db
+	if f := d.before; f != nil {
+		d.before = nil
+		f()
+	}
 	if d.down != nil {
 		return event.Transient(d.down)
 	}
@@ -128,8 +167,14 @@ func (l modelLane) ParkMarked(_ context.Context, lt event.OutboxLetter, m event.
 	if err := d.unvouched(m); err != nil {
 		return err
 	}
-	d.commits = append(d.commits, commit{d.mark, d.at, len(d.applied)})
-	d.parked = append(d.parked, lt.EventID)
+	if d.outboxDown != nil {
+		return event.Transient(d.outboxDown)
+	}
+	if err := d.cutShort(m); err != nil {
+		return err
+	}
+	d.committed()
+	d.outbox = append(d.outbox, lt)
 	d.mark = m.Last
 	if m.Restore {
 		d.vouched = false
@@ -160,7 +205,10 @@ func (l modelLane) ApplyMarked(_ context.Context, evs []event.Event, m event.Mar
 			return nil, err
 		}
 	}
-	d.commits = append(d.commits, commit{d.mark, d.at, len(d.applied)})
+	if err := d.cutShort(m); err != nil {
+		return nil, err
+	}
+	d.committed()
 	if len(evs) > 0 {
 		d.txs++
 	}
@@ -195,8 +243,12 @@ type stream struct {
 	// one's context would have waited for it.
 	stuck    bool
 	stuckFor time.Duration
-	// bad: the entries whose message no longer decodes.
+	// bad: the entries whose message no longer parses.
 	bad map[int64]bool
+	// raw: messages put in the stream as they are (put), which a read
+	// hands over through the real takeDelivery, each before the entry
+	// that was next when it was put.
+	raw []rawMessage
 	// blocked: a read cannot begin, its fence held by a broker alarm.
 	blocked bool
 	atPage  func() // runs before each page is handed over
@@ -276,13 +328,35 @@ func (s *stream) take(queue string, msgs []event.Spilled) error {
 			e := Entry{Queue: queue, Seq: w.Seq, Dead: w.Dead,
 				Event: event.Event{ID: w.MessageID, Type: w.Type, Message: event.Message{MessageID: w.MessageID, Body: w.Body}}}
 			if w.Letter != nil {
-				e, _ = w.entry(queue) // a letter's, as the real read takes it
+				e = w.entry(queue) // a letter's, as the real read takes it
 			}
 			s.entries = append(s.entries, e)
 			s.written = append(s.written, time.Now())
 		}
 	}
 	return nil
+}
+
+// rawMessage is a journal message put in the stream as it is.
+type rawMessage struct {
+	before  int // the index of the entry it comes before
+	headers amqp.Table
+	body    []byte
+	written time.Time
+}
+
+// put appends to the stream a message of queue that holds its entries
+// first … last, body as it is, as another process (another release) may
+// have written it: a read hands it over as the Journal's read does, its
+// offset in the stream counted in messages.
+func (s *stream) put(queue string, first, last int64, body []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.head.IsZero() {
+		s.head = time.Now()
+	}
+	h := amqp.Table{hQueue: queue, hFirst: first, hLast: last, "x-stream-offset": int64(len(s.entries) + len(s.raw))}
+	s.raw = append(s.raw, rawMessage{before: len(s.entries), headers: h, body: body, written: time.Now()})
 }
 
 // readAll hands over pages of two entries, unless told otherwise, so that
@@ -310,24 +384,41 @@ func (s *stream) readAll(ctx context.Context, since time.Time, wants map[string]
 	// The writer may write meanwhile (a restore does not wait for what
 	// the database holds): the read sees what was written when it began.
 	s.mu.Lock()
-	head, entries, written := s.head, slices.Clone(s.entries), slices.Clone(s.written)
+	head, entries, written, raw := s.head, slices.Clone(s.entries), slices.Clone(s.written), slices.Clone(s.raw)
 	s.mu.Unlock()
 	for _, w := range wants {
 		w.found = Found{Tail: w.after, FromStart: since.IsZero(), Head: head}
 	}
+	putBefore := func(i int) error {
+		for ; len(raw) > 0 && raw[0].before == i; raw = raw[1:] {
+			if raw[0].written.Before(since) {
+				continue
+			}
+			if _, err := takeDelivery(wants, raw[0].headers, raw[0].body); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	for i, e := range entries {
+		if err := putBefore(i); err != nil {
+			return err
+		}
 		w := wants[e.Queue]
 		if w == nil || w.err != nil || written[i].Before(since) {
 			continue // the stream's clock is the database's here: no skew
 		}
 		if s.bad[e.Seq] {
-			w.unreadable(e.Seq, e.Seq, e.Seq, errors.New("no longer decodes"))
+			w.unreadable(e.Seq, e.Seq, e.Seq, errors.New("no longer parses"))
 			continue
 		}
 		w.take(e)
 		if len(w.found.Entries) == size {
 			page(w)
 		}
+	}
+	if err := putBefore(len(entries)); err != nil {
+		return err
 	}
 	for _, w := range wants {
 		if w.err == nil && len(w.found.Entries) > 0 {
@@ -459,18 +550,4 @@ func (k *spill) kept() int {
 		n += m.Entries
 	}
 	return n
-}
-
-// outbox is a model of the database's dead-letter outbox.
-type outbox struct {
-	letters []event.OutboxLetter
-	down    error
-}
-
-func (o *outbox) Park(_ context.Context, l event.OutboxLetter) error {
-	if o.down != nil {
-		return o.down
-	}
-	o.letters = append(o.letters, l)
-	return nil
 }

@@ -69,7 +69,7 @@ func (w *want) take(e Entry) {
 }
 
 // unreadable: a message of the queue, holding entries first … last, does
-// not decode.
+// not parse (its JSON, or its several-queues envelope).
 type unreadable struct {
 	first, last int64
 	offset      any
@@ -77,11 +77,11 @@ type unreadable struct {
 }
 
 func (u *unreadable) Error() string {
-	return fmt.Sprintf("entries %d to %d at offset %v do not decode: %v", u.first, u.last, u.offset, u.err)
+	return fmt.Sprintf("the message at offset %v, holding entries %d to %d, does not parse: %v", u.offset, u.first, u.last, u.err)
 }
 
 // unreadable notes a message of w's queue, holding entries first … last,
-// that does not decode. One above the mark ends the queue's read, once
+// that does not parse. One above the mark ends the queue's read, once
 // the entries before it are handed over: it returns true then. One at or
 // below the mark, or a copy, needs no reading.
 func (w *want) unreadable(first, last int64, offset any, err error) bool {
@@ -214,8 +214,9 @@ func (j *Journal) readAll(ctx context.Context, since time.Time, wants map[string
 // takeDelivery hands a journal message's entries to the wants of their
 // queues: a message of one queue (hQueue), or of several (hQueues). It
 // returns how many of those queues' reads it ended (their page failed, or
-// their message does not decode), and an error when a message does not
-// decode and does not say which entries it holds.
+// their message does not parse), and an error when a message does not
+// parse and does not say which entries it holds. An entry that does not
+// decode in a message that parses is handed over as such (decode).
 func takeDelivery(wants map[string]*want, headers amqp.Table, body []byte) (ended int, err error) {
 	offset := headers["x-stream-offset"]
 	take := func(q string, entries json.RawMessage, r amqp.Table, decodeErr error) error {
@@ -291,7 +292,10 @@ const (
 )
 
 // decode decodes a journal message's entries of queue, each event with
-// the message it was first delivered in.
+// the message it was first delivered in. It fails only when the body does
+// not parse as a journal message's entries: an entry whose event (or
+// headers) no longer decodes is handed over as such (entry), and its
+// neighbours with it.
 func decode(queue string, body []byte) ([]Entry, error) {
 	var wire []wireEntry
 	if err := json.Unmarshal(body, &wire); err != nil {
@@ -299,32 +303,52 @@ func decode(queue string, body []byte) ([]Entry, error) {
 	}
 	out := make([]Entry, len(wire))
 	for i, w := range wire {
-		var err error
-		if out[i], err = w.entry(queue); err != nil {
-			return nil, err
-		}
+		out[i] = w.entry(queue)
 	}
 	return out, nil
 }
 
-// entry is w, an entry of queue, as it was journaled.
-func (w wireEntry) entry(queue string) (Entry, error) {
+// entry is w, an entry of queue, as it was journaled. An entry whose event
+// was applied and acked once, and no longer decodes (a later release that
+// validates more, a body that no longer validates), or whose headers do
+// not, comes back dead, with its letter (undecodable): a restore parks
+// the letter with the move of the mark past it, and applies its
+// neighbours. A dead entry without a letter is never applied again, so its
+// event need not decode.
+func (w wireEntry) entry(queue string) Entry {
 	if lt := w.Letter; lt != nil {
 		letter := &event.OutboxLetter{EventID: lt.EventID, EventType: lt.EventType, Class: lt.Class, Reason: lt.Reason,
 			RoutingKey: w.RoutingKey, MessageID: w.MessageID, ContentType: w.ContentType, Body: lt.Body,
 			Headers: w.Headers, Queue: queue}
-		return Entry{Queue: queue, Seq: w.Seq, Dead: true, Letter: letter, Event: event.Event{ID: lt.EventID, Type: lt.EventType}}, nil
+		return Entry{Queue: queue, Seq: w.Seq, Dead: true, Letter: letter, Event: event.Event{ID: lt.EventID, Type: lt.EventType}}
 	}
 	ev, err := event.Decode(w.Body, w.MessageID, w.Type)
-	if err != nil {
-		return Entry{}, fmt.Errorf("entry %d: %w", w.Seq, err)
-	}
 	var headers amqp.Table
-	if len(w.Headers) > 0 {
-		if err := json.Unmarshal(w.Headers, &headers); err != nil {
-			return Entry{}, fmt.Errorf("entry %d's headers: %w", w.Seq, err)
+	if err == nil && len(w.Headers) > 0 {
+		if herr := json.Unmarshal(w.Headers, &headers); herr != nil {
+			err = event.Poison(fmt.Errorf("its headers are not a table: %w", herr))
 		}
 	}
+	switch {
+	case err != nil && w.Dead:
+		return Entry{Queue: queue, Seq: w.Seq, Event: ev, Dead: true}
+	case err != nil:
+		return w.undecodable(queue, ev, err)
+	}
 	ev.Message = event.Message{RoutingKey: w.RoutingKey, Body: w.Body, Headers: headers, MessageID: w.MessageID, ContentType: w.ContentType}
-	return Entry{Queue: queue, Seq: w.Seq, Event: ev, Dead: w.Dead}, nil
+	return Entry{Queue: queue, Seq: w.Seq, Event: ev, Dead: w.Dead}
+}
+
+// undecodable is w, an entry of queue whose event, applied and acked
+// once, no longer decodes (err; ev is what could be read of it), as a dead
+// entry with its letter: the entry's message as journaled, its class
+// err's, and a reason that says so.
+func (w wireEntry) undecodable(queue string, ev event.Event, err error) Entry {
+	id, typ := cmp.Or(ev.ID, w.MessageID), cmp.Or(ev.Type, w.Type)
+	letter := &event.OutboxLetter{EventID: id, EventType: typ, Class: string(event.ClassOf(context.Background(), err)),
+		Reason: fmt.Sprintf("applied and acked once, then no longer decodes when applied again from the journal (entry %d of %s): %v",
+			w.Seq, queue, err),
+		RoutingKey: w.RoutingKey, MessageID: w.MessageID, ContentType: w.ContentType, Body: w.Body, Headers: w.Headers,
+		Queue: queue, At: time.Now()}
+	return Entry{Queue: queue, Seq: w.Seq, Dead: true, Letter: letter, Undecodable: err, Event: event.Event{ID: id, Type: typ}}
 }

@@ -17,17 +17,23 @@ import (
 // first entry of the queue are gone with the stream's retention, unless
 // they were never written.
 //
-// Or, when Unreadable is set: the journal holds the queue's entries
-// between Mark and First, but one of its messages, at Offset, no longer
-// decodes (a body written by a version that differs, a damaged segment),
-// so they cannot be applied again.
+// Or, when Unreadable is set: one of the journal's messages of the queue,
+// at Offset, holding entries Holds[0] … Holds[1], no longer parses (a body
+// written by a version that differs, a damaged segment), so its entries
+// above the mark cannot be applied again. An entry that no longer decodes
+// in a message that parses is not reported so: it ends as a dead letter,
+// and its neighbours are applied (Entry.Undecodable).
+//
+// Either way, the entries Mark+1 … First-1 are what accepting the loss
+// (Lane.AcceptLoss, recover --accept-loss) moves the mark past.
 type ShortError struct {
 	Queue       string
 	Mark, First int64     // the database's mark; the journal's first entry of the queue after the loss
 	Since       time.Time // when the database's mark moved last
 	Head        time.Time // the journal's first entry's time
-	Unreadable  error     // why the message that holds Mark+1 … First-1 does not decode; nil for a retention gap
+	Unreadable  error     // why the message at Offset does not parse; nil for a retention gap
 	Offset      any       // that message's offset in the stream
+	Holds       [2]int64  // the first and last entry that message holds (some may be at or below Mark)
 }
 
 // Missing is how many events at most the journal cannot restore.
@@ -36,9 +42,10 @@ func (e *ShortError) Missing() int64 { return e.First - e.Mark - 1 }
 func (e *ShortError) Error() string {
 	if e.Unreadable != nil {
 		return fmt.Sprintf("journal: queue %s cannot be restored whole: the database holds up to entry %d, "+
-			"and the journal's message at offset %v, which holds entries %d to %d, does not decode (%v), so those %d events "+
-			"cannot be applied again; the queue waits until an operator runs transferconsumer recover --accept-loss (adr/0014)",
-			e.Queue, e.Mark, e.Offset, e.Mark+1, e.First-1, e.Unreadable, e.Missing())
+			"and the journal's message at offset %v, which holds entries %d to %d, does not parse (%v), so entries %d to %d "+
+			"(%d events) cannot be applied again; the queue waits until an operator runs transferconsumer recover --accept-loss, "+
+			"which moves the mark past them (adr/0014)",
+			e.Queue, e.Mark, e.Offset, e.Holds[0], e.Holds[1], e.Unreadable, e.Mark+1, e.First-1, e.Missing())
 	}
 	return fmt.Sprintf("journal: queue %s cannot be restored whole: the database holds up to entry %d (moved %s), "+
 		"the journal begins at %s and its first entry of the queue is %d, so up to %d events acked after %s are in neither; "+
@@ -146,34 +153,51 @@ func (r *restoring) end(found Found, err error) (int, error) {
 	return r.applied, nil
 }
 
-// unreadable reports u, a message of the queue that does not decode, met
+// unreadable reports u, a message of the queue that does not parse, met
 // once the entries before it were applied: the queue waits, as for a
-// journal that does not reach back, until the loss of its entries is
-// accepted. A message past the first the queue needs is read only once
-// those before it are applied, so its entries start at the mark.
+// journal that does not reach back, until the loss of its entries above
+// the mark is accepted. The message may hold entries the database holds
+// (a write of several transactions, some of whose commits the database
+// kept): those are not lost, and the report names from the one after the
+// mark.
 func (r *restoring) unreadable(u *unreadable) error {
 	l := r.l
-	if u.first != r.prev+1 {
-		return fmt.Errorf("journal: queue %s: the message at offset %v holds entries %d to %d and does not decode (%w), "+
-			"but the database holds up to entry %d", l.queue, u.offset, u.first, u.last, u.err, r.prev)
+	if u.last <= r.prev {
+		// Another reader's restore moved the mark past it meanwhile: the
+		// database holds its entries; read again from there.
+		return fmt.Errorf("journal: queue %s: %w: another reader's restore moved the mark to %d, past the message at offset %v "+
+			"(entries %d to %d), which does not parse", l.queue, event.ErrJournalGap, r.prev, u.offset, u.first, u.last)
 	}
 	_, at, err := l.inner.Marked(r.ctx, l.queue)
 	if err != nil {
 		return err
 	}
-	l.unrestorable = &ShortError{Queue: l.queue, Mark: r.prev, First: u.last + 1, Since: at, Unreadable: u.err, Offset: u.offset}
-	l.log.Error("journal: a message of the queue does not decode; the queue waits until recover --accept-loss",
-		"queue", l.queue, "from_seq", u.first, "to_seq", u.last, "offset", u.offset, "err", u.err)
+	l.unrestorable = &ShortError{Queue: l.queue, Mark: r.prev, First: u.last + 1, Since: at, Unreadable: u.err, Offset: u.offset,
+		Holds: [2]int64{u.first, u.last}}
+	l.log.Error("journal: a message of the queue does not parse; the queue waits until recover --accept-loss",
+		"queue", l.queue, "from_seq", r.prev+1, "to_seq", u.last, "offset", u.offset, "message_from_seq", u.first,
+		"message_to_seq", u.last, "err", u.err)
 	return l.unrestorable
 }
 
 // AcceptLoss moves the queue's mark past what a *ShortError says the
-// journal cannot restore, so that Recover restores the rest.
+// journal cannot restore (its Mark+1 … First-1), so that Recover restores
+// the rest, and logs what it moved past.
 func (l *Lane) AcceptLoss(ctx context.Context, short *ShortError) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	_, err := l.inner.ApplyMarked(ctx, nil, event.Mark{Queue: l.queue, Prev: short.Mark, Last: short.First - 1, Restore: true})
-	return err
+	if err != nil {
+		return err
+	}
+	if short.Unreadable != nil {
+		l.log.Error("journal: the loss of entries whose journal message does not parse is accepted; they will not be applied again",
+			"queue", l.queue, "from_seq", short.Mark+1, "to_seq", short.First-1, "offset", short.Offset, "err", short.Unreadable)
+	} else {
+		l.log.Error("journal: the loss of entries the journal no longer holds is accepted; they will not be applied again",
+			"queue", l.queue, "from_seq", short.Mark+1, "to_seq", short.First-1, "acked_after", short.Since)
+	}
+	return nil
 }
 
 // errFromStart: the read began after the queue's first entry above the
@@ -225,6 +249,12 @@ func (r *restoring) page(f Found) error {
 		r.started = true
 	}
 	for run := f.Entries; len(run) > 0; {
+		if run[0].Seq <= r.prev {
+			// Another reader's restore moved the mark past it: that
+			// reader applied it, or parked its letter.
+			run = run[1:]
+			continue
+		}
 		n := 1
 		if !run[0].Dead {
 			for n < len(run) && n < restoreBatch && !run[n].Dead {
@@ -248,24 +278,38 @@ func (r *restoring) page(f Found) error {
 const progressEvery = 10_000
 
 // apply applies entries again in one transaction (one dead-lettered
-// entry: moves the mark over it alone). When the database refuses the
-// transaction for one of its messages, it applies them one by one.
+// entry: moves the mark over it alone, parking its letter again if it has
+// one). When the database refuses the transaction for one of its
+// messages, it applies them one by one. Every letter it writes goes with
+// the move of the mark past its entry, in one transaction (parkMarked):
+// the letter is there once the mark is past it, so nothing acked
+// vanishes, and a restore cut short before that commit wrote nothing, so
+// its retry does not write the letter twice.
 func (r *restoring) apply(entries []Entry) error {
 	l, ctx := r.l, r.ctx
+	if e := entries[0]; e.Letter != nil {
+		// A letter parked in the lost commit: parked again (the DLQ may
+		// hold it twice, should the outbox have sent it before the loss).
+		// Or an entry that no longer decodes: applied and acked once, it
+		// ends as a dead letter with its reason, and its neighbours are
+		// applied.
+		held, err := l.parkMarked(ctx, *e.Letter, r.prev, max(r.prev, e.Seq))
+		if err != nil {
+			return fmt.Errorf("journal: dead-letter entry %d of %s: %w", e.Seq, l.queue, err)
+		}
+		if e.Undecodable != nil {
+			l.log.Error("journal: an entry the service had applied and acked no longer decodes when applied again; it goes to the dead-letter queue",
+				"queue", l.queue, "seq", e.Seq, "event_id", e.Event.ID, "err", e.Undecodable)
+		}
+		r.prev = held
+		return nil
+	}
 	last := r.prev
 	var evs []event.Event
 	for _, e := range entries {
 		last = max(last, e.Seq)
 		if !e.Dead {
 			evs = append(evs, e.Event)
-		}
-		if e.Letter != nil {
-			// A letter parked in the lost commit: parked again, before
-			// the mark moves past it (the DLQ may hold it twice, should
-			// the outbox have sent it before the loss).
-			if err := l.park(ctx, *e.Letter); err != nil {
-				return err
-			}
 		}
 	}
 	outs, held, err := l.applyMarked(ctx, evs, r.prev, last)
@@ -283,14 +327,10 @@ func (r *restoring) apply(entries []Entry) error {
 	case event.CausedByMessage(event.ClassOf(ctx, err)):
 		// It was applied once, so it should apply again; if the database
 		// refuses it now, it ends as a dead letter with its reason, the
-		// letter written before the mark moves past it: nothing acked
-		// vanishes (twice at most, should the move fail after it).
+		// letter written with the move of the mark past it.
 		refused = err
-		if err := l.letter(ctx, entries[0], refused); err != nil {
-			return err
-		}
-		if _, held, err = l.applyMarked(ctx, nil, r.prev, last); err != nil {
-			return err
+		if held, err = l.parkMarked(ctx, l.letter(ctx, entries[0], refused), r.prev, last); err != nil {
+			return fmt.Errorf("journal: dead-letter entry %d of %s, refused when applied again (%v): %w", entries[0].Seq, l.queue, refused, err)
 		}
 	default:
 		return fmt.Errorf("journal: apply entries %d to %d of %s again: %w", entries[0].Seq, last, l.queue, err)
@@ -311,36 +351,6 @@ func (r *restoring) apply(entries []Entry) error {
 		l.reports.Restored(l.queue, n)
 	}
 	return nil
-}
-
-// refused logs an entry that the database refused when applied again.
-func (l *Lane) refused(e Entry, err error) {
-	l.log.Error("journal: an entry the service had applied and acked was refused when applied again; it goes to the dead-letter queue",
-		"queue", l.queue, "seq", e.Seq, "event_id", e.Event.ID, "err", err)
-}
-
-// letter writes e's dead letter, for refused, to the outbox, which the
-// service drains to the dead-letter queue.
-func (l *Lane) letter(ctx context.Context, e Entry, refused error) error {
-	m := e.Event.Message
-	err := l.park(ctx, event.OutboxLetter{
-		EventID: e.Event.ID, EventType: e.Event.Type, Class: string(event.ClassOf(ctx, refused)),
-		Reason:     fmt.Sprintf("applied and acked once, then refused when applied again from the journal (entry %d of %s): %v", e.Seq, l.queue, refused),
-		RoutingKey: m.RoutingKey, MessageID: m.MessageID, ContentType: m.ContentType, Body: m.Body,
-		Headers: event.HeadersJSON(m.Headers), Queue: l.queue, At: time.Now(),
-	})
-	if err != nil {
-		return fmt.Errorf("journal: dead-letter entry %d of %s, refused when applied again (%v): %w", e.Seq, l.queue, refused, err)
-	}
-	return nil
-}
-
-// park writes lt to the outbox.
-func (l *Lane) park(ctx context.Context, lt event.OutboxLetter) error {
-	if l.letters == nil {
-		return fmt.Errorf("journal: nowhere to park the dead letter of event %s", lt.EventID)
-	}
-	return l.letters.Park(ctx, lt)
 }
 
 // applyMarked applies evs (none: moves the mark alone) with the mark from prev to

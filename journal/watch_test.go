@@ -218,8 +218,8 @@ func TestARestoreCutShortGoesOnFromWhereItStopped(t *testing.T) {
 // class and reason (written before the mark moves past it: nothing acked
 // vanishes), and the rest are applied in order.
 func TestAnEntryRefusedOnRestoreDoesNotHoldItsBatch(t *testing.T) {
-	db, s, out := &database{}, &stream{page: 10}, &outbox{}
-	l := newLaneWith(db, s, Config{Letters: out})
+	db, s := &database{}, &stream{page: 10}
+	l := newLane(db, s)
 	evs := events(5)
 	applyAll(t, l, evs, 1)
 	db.lose(5)
@@ -230,9 +230,9 @@ func TestAnEntryRefusedOnRestoreDoesNotHoldItsBatch(t *testing.T) {
 	if want := []string{"ev-000", "ev-001", "ev-003", "ev-004"}; !slices.Equal(db.applied, want) || db.mark != 5 {
 		t.Errorf("applied %v (mark %d), want %v (mark 5)", db.applied, db.mark, want)
 	}
-	if len(out.letters) != 1 || out.letters[0].EventID != "ev-002" || out.letters[0].Class != string(event.ClassTransition) ||
-		!strings.Contains(out.letters[0].Reason, "no longer allowed") || string(out.letters[0].Body) != "{}" {
-		t.Fatalf("dead letters %+v, want ev-002's, invalid-transition, with its reason and body", out.letters)
+	if len(db.outbox) != 1 || db.outbox[0].EventID != "ev-002" || db.outbox[0].Class != string(event.ClassTransition) ||
+		!strings.Contains(db.outbox[0].Reason, "no longer allowed") || string(db.outbox[0].Body) != "{}" {
+		t.Fatalf("dead letters %+v, want ev-002's, invalid-transition, with its reason and body", db.outbox)
 	}
 }
 
@@ -240,17 +240,18 @@ func TestAnEntryRefusedOnRestoreDoesNotHoldItsBatch(t *testing.T) {
 // that too) is not passed over: the restore stops before it, and the
 // next one tries again.
 func TestARefusedEntryIsNotPassedOverUntilItsLetterIsWritten(t *testing.T) {
-	db, s, out := &database{}, &stream{page: 10}, &outbox{down: errors.New("outbox down")}
-	l := newLaneWith(db, s, Config{Letters: out})
+	db, s := &database{}, &stream{page: 10}
+	l := newLane(db, s)
 	applyAll(t, l, events(3), 1)
 	db.lose(3)
+	db.outboxDown = errors.New("outbox down")
 	db.refuse = map[string]error{"ev-001": event.Transition(errors.New("no longer allowed"))}
 	if _, err := l.Check(t.Context()); err == nil || db.mark != 1 {
 		t.Fatalf("%v, mark %d; want an error, the mark before the refused entry (1)", err, db.mark)
 	}
-	out.down = nil
-	if _, err := l.Check(t.Context()); err != nil || db.mark != 3 || len(out.letters) != 1 {
-		t.Fatalf("%v, mark %d, %d letters; want the restore done, mark 3, one letter", err, db.mark, len(out.letters))
+	db.outboxDown = nil
+	if _, err := l.Check(t.Context()); err != nil || db.mark != 3 || len(db.outbox) != 1 {
+		t.Fatalf("%v, mark %d, %d letters; want the restore done, mark 3, one letter", err, db.mark, len(db.outbox))
 	}
 }
 
