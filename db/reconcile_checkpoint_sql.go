@@ -22,7 +22,7 @@ const systemSQL = `coalesce(CASE WHEN has_function_privilege('pg_control_system(
 
 // checkpointQuery reads the checkpoint and says why it cannot be trusted:
 // broken (the cut-off's transaction ids do not belong to this database:
-// none, another cluster's, ahead of the database's own, or not committed
+// none, or a pass forgot it (neutralize), another cluster's, ahead of the database's own, or not committed
 // here; or a transfer it holds is gone), so that even a comparison with it
 // means nothing; or distrusted (the timeline changed, or a pass or a
 // person marked it), so that a full pass makes it anew, comparing with it
@@ -36,10 +36,10 @@ const systemSQL = `coalesce(CASE WHEN has_function_privilege('pg_control_system(
 // that new transfers would look older than the cut-off), tables restored
 // one by one, a row edited by hand.
 const checkpointQuery = `
-SELECT c.cutoff::text AS cutoff, c.written_at, c.rebuilt_at, c.full_at, c.swept_to,
+SELECT c.cutoff::text AS cutoff, c.forgotten, c.written_at, c.rebuilt_at, c.full_at, c.swept_to,
        pg_snapshot_xmin(c.cutoff)::text::bigint AS cutoff_xmin,
        CASE
-           WHEN c.cutoff IS NULL THEN 'there is none'
+           WHEN c.cutoff IS NULL THEN coalesce(c.forgotten, 'there is none')
            WHEN c.written_by IS NULL OR c.system_identifier IS NULL THEN 'it is incomplete'
            WHEN c.system_identifier IS DISTINCT FROM s.id
                THEN format('it was written in another cluster (system identifier %s; this one''s is %s): a logical restore', c.system_identifier, s.id)
@@ -179,7 +179,7 @@ WITH w AS (
             AND pg_visible_in_snapshot(created_xid::text::xid8, pg_current_snapshot())
           ORDER BY created_xid DESC LIMIT 4) x
 )
-UPDATE reconcile_checkpoint SET cutoff = pg_current_snapshot(), system_identifier = (` + systemSQL + `),
+UPDATE reconcile_checkpoint SET cutoff = pg_current_snapshot(), forgotten = NULL, system_identifier = (` + systemSQL + `),
     timeline = ` + timelineSQL + `, written_by = pg_current_xact_id(), written_at = now(),
     witness_ids = coalesce(w.ids, '{}'), witness_xids = coalesce(w.xids, '{}'),
     distrust = NULL, rebuilt_at = now(), full_at = now(), swept_to = ''
