@@ -19,6 +19,14 @@
 -- before this one sees a NULL cut-off as no checkpoint, and makes it anew
 -- too.
 --
+-- transfer_failure has no primary key (a B-tree would cost every failure
+-- an entry, sql/0016), and a table of a publication (FOR ALL TABLES, as
+-- for a move by logical replication) refuses any UPDATE without a replica
+-- identity, even one that changes no row: the neutralization's would fail
+-- every pass on the source. REPLICA IDENTITY FULL costs an insert nothing
+-- (it writes the old row to the WAL at an update or a delete, which only
+-- a neutralization makes).
+--
 -- The checkpoint written by the release before is stamped once here when
 -- that release's own checks still hold (the same cluster, and its
 -- transaction committed here), so that the upgrade does not cost a full
@@ -26,6 +34,7 @@
 -- the last read of system_identifier. Written to run again harmlessly.
 
 ALTER TABLE reconcile_checkpoint ADD COLUMN IF NOT EXISTS forgotten TEXT;
+ALTER TABLE transfer_failure REPLICA IDENTITY FULL;
 
 UPDATE reconcile_checkpoint SET written_by = pg_current_xact_id()
 WHERE cutoff IS NOT NULL
