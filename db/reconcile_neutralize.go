@@ -133,7 +133,9 @@ func neutralizeOnce(ctx context.Context, db *sqlx.DB, exclusive bool, transfers,
 	}
 	if t+f > 0 {
 		why := fmt.Sprintf("transaction ids of another cluster (a dump restored into this one, or logical replication) were on %d transfer(s) "+
-			"and %d failure(s), and were neutralized: the cut-off no longer says which of those it counted", transfers+t, failures+f)
+			"and %d failure(s), and were neutralized: the cut-off no longer says which of those it counted; the schema's owner should "+
+			"rebuild the BRIN indexes transfer_created_range and transfer_failure_range after a VACUUM (adr/0007, \"After a restore\")",
+			transfers+t, failures+f)
 		if _, err := tx.ExecContext(ctx, forgetCheckpoint, why); err != nil {
 			return 0, 0, false, translateIn("forget the checkpoint", err)
 		}
