@@ -40,8 +40,11 @@ type function struct {
 	text string
 	mark string // the comment Migrate sets on the function: the file and its text's SHA-256
 	// early: the file begins with earlyMark. Such a function names no
-	// table, so Migrate makes it before the numbered migrations, which
-	// may call it; it calls only early functions.
+	// table that must exist when it is made (a LANGUAGE sql body names
+	// none; a plpgsql body, resolved only when it runs, may: a trigger's
+	// function), so Migrate makes it before the numbered migrations,
+	// which may call it or make a trigger of it; it calls only early
+	// functions.
 	early bool
 }
 

@@ -69,6 +69,8 @@ type Reconciliation struct {
 
 // Checkpoint is what a pass made of the checkpoint it found.
 type Checkpoint struct {
+	// Present: there is one, or there was until a pass forgot it
+	// (Broken says why).
 	Present bool `json:"present"`
 	// WrittenAt is when the pass that wrote it ran: its cut-off.
 	WrittenAt *time.Time `json:"written_at,omitempty"`
@@ -78,6 +80,10 @@ type Checkpoint struct {
 	// it.
 	Broken     string `json:"broken,omitempty"`
 	Distrusted string `json:"distrusted,omitempty"`
+	// Neutralized: the rows of transfer and transfer_failure whose
+	// transaction ids this pass found another cluster's and neutralized,
+	// before its snapshot; the checkpoint was forgotten then (Broken).
+	Neutralized int64 `json:"neutralized,omitempty"`
 	// Compared: the full pass compared the transfers with it (Changed).
 	Compared bool `json:"compared"`
 	// Rebuilt: this pass made it anew.
@@ -233,6 +239,7 @@ func countAll(ctx context.Context, tx *sqlx.Tx, r *Reconciliation) error {
 func readCheckpoint(ctx context.Context, tx *sqlx.Tx) (Checkpoint, error) {
 	var row struct {
 		Cutoff     *string    `db:"cutoff"`
+		Forgotten  *string    `db:"forgotten"`
 		WrittenAt  *time.Time `db:"written_at"`
 		RebuiltAt  *time.Time `db:"rebuilt_at"`
 		FullAt     *time.Time `db:"full_at"`
@@ -244,7 +251,7 @@ func readCheckpoint(ctx context.Context, tx *sqlx.Tx) (Checkpoint, error) {
 	if err := tx.GetContext(ctx, &row, checkpointQuery); err != nil {
 		return Checkpoint{}, translateIn("read the checkpoint", err)
 	}
-	c := Checkpoint{Present: row.Cutoff != nil, WrittenAt: row.WrittenAt, RebuiltAt: row.RebuiltAt, FullAt: row.FullAt,
+	c := Checkpoint{Present: row.Cutoff != nil || row.Forgotten != nil, WrittenAt: row.WrittenAt, RebuiltAt: row.RebuiltAt, FullAt: row.FullAt,
 		cutoff: row.Cutoff, cutoffXmin: row.Xmin, sweptTo: row.SweptTo}
 	if row.Broken != nil {
 		c.Broken = *row.Broken

@@ -4,60 +4,43 @@ import "fmt"
 
 // The checkpoint's queries (adr/0007, "The periodic pass").
 
-// timelineSQL is the timeline the server writes its WAL on, from the name
-// of its current WAL file (whose first eight hex digits it is); NULL on a
-// standby, which writes none, and for a role that may not ask.
-// pg_control_checkpoint() would say it only after the next checkpoint:
-// a promotion does not wait for one.
-const timelineSQL = `CASE WHEN NOT pg_is_in_recovery()
-        AND has_function_privilege('pg_walfile_name(pg_lsn)', 'execute')
-        AND has_function_privilege('pg_current_wal_lsn()', 'execute')
-    THEN ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint END`
-
-// systemSQL is the cluster's system identifier (pg_control_system()), the
-// same on a primary and its standbys, another in a cluster made anew (a
-// logical restore); 0 for a role that may not ask.
-const systemSQL = `coalesce(CASE WHEN has_function_privilege('pg_control_system()', 'execute')
-    THEN (SELECT system_identifier FROM pg_control_system()) END, 0)`
-
 // checkpointQuery reads the checkpoint and says why it cannot be trusted:
-// broken (the cut-off's transaction ids do not belong to this database:
-// none, another cluster's, ahead of the database's own, or not committed
-// here; or a transfer it holds is gone), so that even a comparison with it
-// means nothing; or distrusted (the timeline changed, or a pass or a
-// person marked it), so that a full pass makes it anew, comparing with it
-// first. Both NULL: the periodic pass may start from it.
+// broken, so that even a comparison with it means nothing (there is none,
+// or a pass forgot it, or it is incomplete; it was not written here but
+// copied, its cut-off another cluster's; a transfer it holds is gone); or
+// distrusted (a pass or a person marked it), so that a full pass makes it
+// anew, comparing with it first. Both NULL: the periodic pass may start
+// from it.
 //
-// A database restored to a point before the checkpoint was written holds
-// the checkpoint of that point, written with the transfers it holds: it
-// moves back with them. What these tests catch is a checkpoint that does
-// not come from the same history as the transfers: a logical dump
-// restored into another cluster (whose transaction ids start afresh, so
-// that new transfers would look older than the cut-off), tables restored
-// one by one, a row edited by hand.
+// Written here: its xmin is the transaction stamped in written_by, which
+// a trigger restamps at every update of the row (written_here,
+// reconcile_checkpoint_stamp, sql/0019). pg_restore and logical
+// replication copy the row without firing it. It needs no privilege and
+// no transaction status, so it holds on a standby, for any role, and for
+// a checkpoint written long ago. A database restored to a point before
+// the checkpoint was written (a point-in-time restore, a failover, a cold
+// copy) holds the checkpoint of that point, written there with the
+// transfers it holds, on the same history of transaction ids: it moves
+// back with them and stays exact (adr/0007). What breaks it is a
+// checkpoint that does not come from the same history as the transfers:
+// a dump restored into another cluster, logical replication, tables
+// restored one by one, a row edited by hand.
 const checkpointQuery = `
-SELECT c.cutoff::text AS cutoff, c.written_at, c.rebuilt_at, c.full_at, c.swept_to,
+SELECT c.cutoff::text AS cutoff, c.forgotten, c.written_at, c.rebuilt_at, c.full_at, c.swept_to,
        pg_snapshot_xmin(c.cutoff)::text::bigint AS cutoff_xmin,
        CASE
-           WHEN c.cutoff IS NULL THEN 'there is none'
-           WHEN c.written_by IS NULL OR c.system_identifier IS NULL THEN 'it is incomplete'
-           WHEN c.system_identifier IS DISTINCT FROM s.id
-               THEN format('it was written in another cluster (system identifier %s; this one''s is %s): a logical restore', c.system_identifier, s.id)
-           WHEN c.written_by >= pg_snapshot_xmax(pg_current_snapshot())
-               THEN format('its transaction (%s) is ahead of the database''s own (%s): a restore to a point before it', c.written_by, pg_snapshot_xmax(pg_current_snapshot()))
-           WHEN pg_xact_status(c.written_by) IS DISTINCT FROM 'committed'
-               THEN format('its transaction (%s) is not known committed in this database', c.written_by)
+           WHEN c.cutoff IS NULL THEN coalesce(c.forgotten, 'there is none')
+           WHEN c.written_by IS NULL THEN 'it is incomplete'
+           WHEN NOT written_here(c.xmin, c.written_by)
+               THEN format('it was copied, not written here (the row''s transaction %s is not the one stamped in it, %s): '
+                           || 'a dump restored or logical replication, whose cut-off may be another cluster''s '
+                           || '(or an update made in a subtransaction, or with triggers off)', c.xmin, c.written_by)
            WHEN (SELECT count(*) FROM transfer t, unnest(c.witness_ids, c.witness_xids) w(id, xid)
                  WHERE t.transfer_id = w.id AND t.created_xid = w.xid) < coalesce(cardinality(c.witness_ids), 0)
                THEN 'transfers it holds are gone: the transfer table was restored, or changed by hand'
        END AS broken,
-       CASE
-           WHEN c.cutoff IS NULL THEN NULL
-           WHEN c.distrust IS NOT NULL THEN c.distrust
-           WHEN s.timeline IS NOT NULL AND c.timeline IS DISTINCT FROM s.timeline
-               THEN format('it was written on timeline %s, the database is on %s: a failover or a point-in-time restore since', c.timeline, s.timeline)
-       END AS distrusted
-FROM reconcile_checkpoint c, (SELECT ` + systemSQL + ` AS id, ` + timelineSQL + ` AS timeline) s`
+       CASE WHEN c.cutoff IS NOT NULL THEN c.distrust END AS distrusted
+FROM reconcile_checkpoint c`
 
 // The periodic pass's working sets are the unlogged tables
 // reconcile_pass_* (sql/0016), empty between passes: emptyWork empties
@@ -168,7 +151,7 @@ SELECT account, expected FROM reconcile_pass_full WHERE kind = 'net'
 ON CONFLICT (account) DO UPDATE SET net_minor = EXCLUDED.net_minor WHERE c.net_minor <> EXCLUDED.net_minor`
 
 // rebuiltHeader writes the rebuilt checkpoint's cut-off (this pass's
-// snapshot), where it was written, and its witnesses: the newest
+// snapshot), the transaction that wrote it, and its witnesses: the newest
 // transfers among those of the last million transaction ids, found by
 // the BRIN index.
 const rebuiltHeader = `
@@ -179,8 +162,7 @@ WITH w AS (
             AND pg_visible_in_snapshot(created_xid::text::xid8, pg_current_snapshot())
           ORDER BY created_xid DESC LIMIT 4) x
 )
-UPDATE reconcile_checkpoint SET cutoff = pg_current_snapshot(), system_identifier = (` + systemSQL + `),
-    timeline = ` + timelineSQL + `, written_by = pg_current_xact_id(), written_at = now(),
-    witness_ids = coalesce(w.ids, '{}'), witness_xids = coalesce(w.xids, '{}'),
+UPDATE reconcile_checkpoint SET cutoff = pg_current_snapshot(), forgotten = NULL, written_by = pg_current_xact_id(),
+    written_at = now(), witness_ids = coalesce(w.ids, '{}'), witness_xids = coalesce(w.xids, '{}'),
     distrust = NULL, rebuilt_at = now(), full_at = now(), swept_to = ''
 FROM w`

@@ -48,23 +48,34 @@ SELECT transfer_id, event_id, event_type, from_account, to_account, amount_minor
 FROM (` + waitingQuery + `) w`
 )
 
-// ReconcilePeriodic is the service's periodic pass (adr/0007). When the
-// checkpoint can be trusted, it adds to each account's net at the
-// checkpoint's cut-off the transfers created or failed since, compares
-// the accounts they moved (and the sweep's share of the others, and those
-// found in drift before) with their balances, and looks for duplicate
-// intents among the transfers of the last window and for waiting
-// transitions; otherwise, or when a full pass is due, it is a full pass,
-// which compares the transfers with the checkpoint and makes it anew. In
-// the same transaction it moves the checkpoint's cut-off to its own
-// snapshot and writes down what it found: its findings are then every
-// finding not yet resolved, whichever pass found it.
+// ReconcilePeriodic is the service's periodic pass (adr/0007). It first
+// neutralizes the transaction ids of another cluster that a restore or
+// logical replication left in the transfers (neutralize), forgetting the
+// checkpoint when there were any. When the checkpoint can be trusted, it
+// adds to each account's net at the checkpoint's cut-off the transfers
+// created or failed since, compares the accounts they moved (and the
+// sweep's share of the others, and those found in drift before) with
+// their balances, and looks for duplicate intents among the transfers of
+// the last window and for waiting transitions; otherwise, or when a full
+// pass is due, it is a full pass, which compares the transfers with the
+// checkpoint when that means anything and makes it anew. In the same
+// transaction it moves the checkpoint's cut-off to its own snapshot and
+// writes down what it found: its findings are then every finding not yet
+// resolved, whichever pass found it.
 //
 // It writes, so it needs the primary. Its errors are Reconcile's; a
 // serialization failure (someone else wrote the checkpoint meanwhile)
-// leaves everything as it was.
+// leaves the checkpoint and the findings as they were (a neutralization
+// committed before stays: it holds whatever follows).
 func ReconcilePeriodic(ctx context.Context, db *sqlx.DB, o PeriodicOptions) (Reconciliation, error) {
 	var r Reconciliation
+	// Before the pass's snapshot, in transactions of their own: the
+	// snapshot then sees the rows neutralized, and the checkpoint
+	// forgotten if any was.
+	neutralized, ran, err := neutralize(ctx, db, o.Exclusive)
+	if err != nil || !ran {
+		return r, err
+	}
 	tx, err := db.BeginTxx(ctx, repeatableReadWrite)
 	if err != nil {
 		return r, fmt.Errorf("reconcile: begin: %w", translate(err))
@@ -76,6 +87,7 @@ func ReconcilePeriodic(ctx context.Context, db *sqlx.DB, o PeriodicOptions) (Rec
 	if r.Checkpoint, err = readCheckpoint(ctx, tx); err != nil {
 		return r, err
 	}
+	r.Checkpoint.Neutralized = neutralized
 	if err := tx.GetContext(ctx, &r.At, `SELECT now()`); err != nil {
 		return r, translateIn("now", err)
 	}

@@ -193,53 +193,6 @@ func TestAnOldRowChangedByHandIsFoundByTheFullPass(t *testing.T) {
 	}
 }
 
-// A checkpoint whose transaction ids are not this database's, or whose
-// transfers are gone, is not trusted: the next pass is a full one, which
-// finds what the periodic pass would have missed, and makes it anew.
-func TestACheckpointFromBeforeARestoreIsNotTrusted(t *testing.T) {
-	database := testDB(t, 4)
-	l := newLedger(t, database)
-	for _, tc := range []struct {
-		name, edit, why string
-	}{
-		{"ahead of the database", `UPDATE reconcile_checkpoint SET written_by = (pg_current_xact_id()::text::bigint + 1000000)::text::xid8`, "ahead of the database"},
-		{"another cluster", `UPDATE reconcile_checkpoint SET system_identifier = system_identifier + 1`, "another cluster"},
-		{"transfers gone", `DELETE FROM transfer WHERE transfer_id = (SELECT witness_ids[1] FROM reconcile_checkpoint)`, "transfers it holds are gone"},
-		{"another timeline", `UPDATE reconcile_checkpoint SET timeline = timeline + 1`, "timeline"},
-		{"marked", `UPDATE reconcile_checkpoint SET distrust = 'by hand'`, "by hand"},
-		{"deleted", `UPDATE reconcile_checkpoint SET cutoff = NULL`, "there is none"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			l.create(0, 1, 5)
-			pass(t, database, periodic)
-			l.create(1, 0, 2)
-			if r := pass(t, database, periodic); r.Full {
-				t.Fatalf("a pass from a checkpoint made by the one before was a full one: %+v", r.Checkpoint)
-			}
-			database.MustExec(tc.edit)
-			// What a periodic pass from it would not see: a balance the
-			// transfers since did not move, changed by hand, beyond the
-			// sweep's share.
-			database.MustExec(`UPDATE balance_projection SET balance_minor = balance_minor - 3 WHERE account = $1`, l.account(0))
-			r := pass(t, database, PeriodicOptions{ReconcileOptions: periodic.ReconcileOptions, Sweep: 1})
-			why := r.Checkpoint.Broken + r.Checkpoint.Distrusted
-			if !r.Full || !r.Checkpoint.Rebuilt || !strings.Contains(why, tc.why) || r.DriftCount == 0 {
-				t.Errorf("full %v, rebuilt %v, why %q, drift %d; want a full pass saying %q, and the drift", r.Full, r.Checkpoint.Rebuilt, why, r.DriftCount, tc.why)
-			}
-			if r := pass(t, database, periodic); r.Full {
-				t.Errorf("the pass after the full one: full, %+v; want it to start from the checkpoint made anew", r.Checkpoint)
-			}
-			// Mended, for the next case: the balance, and a transfer
-			// deleted (its accounts' balances follow the transfers left).
-			database.MustExec(`UPDATE balance_projection SET balance_minor = balance_minor + 3 WHERE account = $1`, l.account(0))
-			database.MustExec(`UPDATE balance_projection b SET balance_minor = n.net_minor FROM reconcile_checkpoint_net n WHERE n.account = b.account`)
-			if r := pass(t, database, PeriodicOptions{ReconcileOptions: periodic.ReconcileOptions, Full: true}); r.DriftCount != 0 {
-				t.Fatalf("not mended: %+v", r.Drift)
-			}
-		})
-	}
-}
-
 // Two creations of one intent, one before the cut-off and one after, are
 // found by the periodic pass: in commit order as in creation order, and
 // also when the earlier creation's transaction began before the later's

@@ -25,12 +25,21 @@ type pgCluster struct {
 	port int
 }
 
-// newPGCluster initialises and starts a server on a free port of its own.
-func newPGCluster(t *testing.T) *pgCluster {
+// newPGCluster initialises and starts a server on a free port of its own,
+// with settings ("name = value") added to its postgresql.conf.
+func newPGCluster(t *testing.T, settings ...string) *pgCluster {
 	t.Helper()
 	c := &pgCluster{t: t, bin: pgBinDir(t), port: freePort(t)}
 	c.dir = pgDataDir(t)
 	c.run("initdb", "-D", c.dir, "-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C", "--no-sync")
+	if len(settings) > 0 {
+		f, err := os.OpenFile(filepath.Join(c.dir, "postgresql.conf"), os.O_APPEND|os.O_WRONLY, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintln(f, strings.Join(settings, "\n"))
+		f.Close()
+	}
 	c.start()
 	return c
 }

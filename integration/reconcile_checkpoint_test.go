@@ -2,7 +2,6 @@ package integration
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,9 +15,6 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
-
-	"transferconsumer/db"
-	"transferconsumer/event"
 )
 
 // The periodic reconciliation's checkpoint (adr/0007): the scheduled full
@@ -136,12 +132,16 @@ func TestReconcileFullPassOnAStandby(t *testing.T) {
 	}
 }
 
-// A database dumped with its checkpoint and restored into another cluster,
-// whose transaction ids start afresh: the transfers applied there after
-// the restore have ids the checkpoint's cut-off would count as its own.
-// The pass does not trust it (another cluster's, and ahead of the
-// database's ids): it is a full one, which finds a drift put into a
-// transfer applied after the restore, and makes the checkpoint anew.
+// A database dumped (pg_dump -Fc) and restored (pg_restore) into a cluster
+// made anew, which has used fewer transaction ids than the one it came
+// from: the restored rows keep the old cluster's ids, which are ahead of
+// the new one's counter, and mean nothing here. The first pass after the
+// restore neutralizes them and makes the checkpoint anew, without
+// comparing the transfers with the one restored; the passes after start
+// from it and find nothing, pass after pass; transfers applied in the new
+// cluster, and a failure of one made in the old, are each counted once;
+// and a drift put into a transfer applied there is found on its two
+// accounts, by exactly what was put.
 func TestReconcileDistrustsACheckpointRestoredIntoAnotherCluster(t *testing.T) {
 	parallel(t) // on servers of its own
 	source, target := newPGCluster(t), newPGCluster(t)
@@ -149,56 +149,97 @@ func TestReconcileDistrustsACheckpointRestoredIntoAnotherCluster(t *testing.T) {
 	// has run for a while (each subtransaction that writes takes an id).
 	sourceAdmin := sqlx.MustOpen("postgres", source.adminURL())
 	t.Cleanup(func() { sourceAdmin.Close() })
-	sourceAdmin.MustExec(`CREATE TABLE burn (n int)`)
-	sourceAdmin.MustExec(`DO $$ BEGIN FOR i IN 1..20000 LOOP
-		BEGIN INSERT INTO burn VALUES (i); RAISE EXCEPTION 'undo'; EXCEPTION WHEN OTHERS THEN NULL; END;
-	END LOOP; END $$`)
+	burnXids(sourceAdmin, 20000)
 	e := newEnvOn(t, source.adminURL())
-	a, b := "acc_a_"+e.name, "acc_b_"+e.name
-	for _, tr := range []transfer{newTransfer(a, b, 10), newTransfer(b, a, 3)} {
-		if _, err := e.apply(t, tr); err != nil {
-			t.Fatal(err)
-		}
+	a, b, c := "acc_a_"+e.name, "acc_b_"+e.name, "acc_c_"+e.name
+	first, failing := newTransfer(a, b, 10), newTransfer(a, c, 5)
+	applyAll(t, e, first, newTransfer(b, a, 3), failing, transition(failing, "TransferFailed"))
+	if r, code := reconcileOn(t, e.dbURL, "--periodic"); code != 0 || r["pass"] != "full" {
+		t.Fatalf("the first periodic pass: exit %d, pass %v; want 0, a full one that makes the checkpoint", code, r["pass"])
 	}
-	if _, code := reconcileOn(t, e.dbURL, "--periodic"); code != 0 {
-		t.Fatalf("the first periodic pass: exit %d", code)
+	// Transfers after the cut-off, some counted by a periodic pass before
+	// the dump and some not: the restored checkpoint's cut-off did not see
+	// them.
+	early := newTransfer(c, b, 4)
+	applyAll(t, e, early)
+	if r, code := reconcileOn(t, e.dbURL, "--periodic"); code != 0 || r["pass"] != "periodic" {
+		t.Fatalf("the second periodic pass: exit %d, pass %v; want 0, a periodic one", code, r["pass"])
 	}
+	applyAll(t, e, newTransfer(b, c, 6), transition(early, "TransferFailed"))
 
-	dir := pgDataDir(t)
-	dump := filepath.Join(dir, "dump")
+	dump := filepath.Join(pgDataDir(t), "dump")
 	source.run("pg_dump", "-h", "127.0.0.1", "-p", strconv.Itoa(source.port), "-U", "postgres", "-Fc", "-f", dump, e.name)
 	target.run("createdb", "-h", "127.0.0.1", "-p", strconv.Itoa(target.port), "-U", "postgres", e.name)
 	target.run("pg_restore", "-h", "127.0.0.1", "-p", strconv.Itoa(target.port), "-U", "postgres", "-d", e.name, "--exit-on-error", dump)
 	targetURL := fmt.Sprintf("postgres://postgres@%s/%s?sslmode=disable", target.addr(), e.name)
-	restored, err := db.Open(context.Background(), targetURL, 2)
-	if err != nil {
-		t.Fatal(err)
+	e.useAddr(target.addr())
+	var ahead bool
+	e.db.Get(&ahead, `SELECT max(created_xid) >= pg_snapshot_xmax(pg_current_snapshot())::text::bigint FROM transfer`)
+	if !ahead {
+		t.Fatal("the restored transfers' ids are not ahead of the new cluster's: the test's premise does not hold")
 	}
-	t.Cleanup(func() { restored.Close() })
 
+	for i := range 3 {
+		r, code := reconcileOn(t, targetURL, "--periodic")
+		cp, _ := r["checkpoint"].(map[string]any)
+		if code != 0 || count(r, "drift") != 0 || count(r, "changed") != 0 || r["pass"] != map[bool]string{true: "full", false: "periodic"}[i == 0] ||
+			cp["rebuilt"] != (i == 0) || cp["compared"] != false && i == 0 {
+			t.Fatalf("pass %d after the restore: exit %d, pass %v, drift %d, changed %d, checkpoint %v; want 0, the first a full one that makes the checkpoint anew without comparing, nothing found",
+				i+1, code, r["pass"], count(r, "drift"), count(r, "changed"), cp)
+		}
+		if i == 0 && !strings.Contains(fmt.Sprint(cp["broken"]), "another cluster") {
+			t.Errorf("the first pass after the restore: checkpoint %v; want it to say why it was not trusted (another cluster's ids)", cp)
+		}
+	}
+
+	// Applied in the new cluster: two creations, and the failure of a
+	// transfer made in the old one.
 	late := newTransfer(a, b, 7)
-	ev, err := event.Decode(late.body(), late.EventID, late.EventType)
-	if err != nil {
-		t.Fatal(err)
+	applyAll(t, e, late, newTransfer(c, a, 2), transition(first, "TransferFailed"))
+	for i := range 3 {
+		r, code := reconcileOn(t, targetURL, "--periodic")
+		if want := map[bool]float64{true: 3, false: 0}[i == 0]; code != 0 || r["pass"] != "periodic" || r["transfers"] != want || count(r, "drift") != 0 {
+			t.Fatalf("pass %d after transfers applied in the new cluster: exit %d, pass %v, transfers %v, drift %d; want 0, a periodic pass over %v, nothing found",
+				i+1, code, r["pass"], r["transfers"], count(r, "drift"), want)
+		}
 	}
-	if _, err := db.NewInbox(restored).Apply(context.Background(), ev); err != nil {
-		t.Fatal(err)
+	if r, code := reconcileOn(t, targetURL); code != 0 || count(r, "changed") != 0 {
+		t.Errorf("a full pass (read only): exit %d, drift %d, changed %d; want the transfers to sum to the balances and to the checkpoint",
+			code, count(r, "drift"), count(r, "changed"))
 	}
-	var reused bool
-	restored.Get(&reused, `SELECT t.created_xid < pg_snapshot_xmin(c.cutoff)::text::bigint
-		FROM transfer t, reconcile_checkpoint c WHERE t.transfer_id = $1`, late.Data.TransferID)
-	if !reused {
-		t.Fatalf("the transfer applied after the restore has an id above the checkpoint's cut-off: the test's premise does not hold")
-	}
-	restored.MustExec(`UPDATE transfer SET amount_minor = 8 WHERE transfer_id = $1`, late.Data.TransferID)
 
+	planted := newTransfer(b, c, 9)
+	applyAll(t, e, planted)
+	e.db.MustExec(`UPDATE transfer SET amount_minor = 8 WHERE transfer_id = $1`, planted.Data.TransferID)
 	r, code := reconcileOn(t, targetURL, "--periodic")
-	cp, _ := r["checkpoint"].(map[string]any)
-	if code != 3 || r["pass"] != "full" || !strings.Contains(fmt.Sprint(cp["broken"]), "another cluster") || count(r, "drift") != 2 {
-		t.Errorf("after the restore: exit %d, pass %v, checkpoint %v, drift %d; want 3, a full pass not trusting it (another cluster), 2 in drift",
-			code, r["pass"], cp, count(r, "drift"))
+	drift, _ := r["drift"].(map[string]any)
+	items, _ := drift["items"].([]any)
+	got := map[string]float64{}
+	for _, it := range items {
+		d, _ := it.(map[string]any)
+		got[fmt.Sprint(d["account"])] = d["difference"].(float64)
 	}
-	if r, _ := reconcileOn(t, targetURL, "--periodic"); r["pass"] != "periodic" || count(r, "drift") != 2 {
-		t.Errorf("the pass after: %v, drift %d; want a periodic one from the checkpoint made anew, the drift reported still", r["pass"], count(r, "drift"))
+	if code != 3 || r["pass"] != "periodic" || len(got) != 2 || got[b] != -1 || got[c] != 1 {
+		t.Errorf("after a transfer applied in the new cluster was changed: exit %d, pass %v, drift %v; want 3, a periodic pass, %s -1 and %s +1 (balance − transfers)",
+			code, r["pass"], got, b, c)
+	}
+}
+
+// burnXids has the server of admin use n transaction ids (each
+// subtransaction that writes takes one).
+func burnXids(admin *sqlx.DB, n int) {
+	admin.MustExec(`CREATE TABLE IF NOT EXISTS burn (n int)`)
+	admin.MustExec(fmt.Sprintf(`DO $$ BEGIN FOR i IN 1..%d LOOP
+		BEGIN INSERT INTO burn VALUES (i); RAISE EXCEPTION 'undo'; EXCEPTION WHEN OTHERS THEN NULL; END;
+	END LOOP; END $$`, n))
+}
+
+// applyAll applies each event to e's database, one transaction each.
+func applyAll(t *testing.T, e *env, trs ...transfer) {
+	t.Helper()
+	for _, tr := range trs {
+		if _, err := e.apply(t, tr); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
