@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -23,13 +24,21 @@ type pgCluster struct {
 	bin  string // the server programs' directory
 	dir  string // data directory
 	port int
+	// synced: the server syncs its files (fsync on), as an estate's does;
+	// otherwise it runs with fsync off, which the tests' servers can
+	// afford and which saves the disk's flushes.
+	synced bool
 }
 
+// syncedSetting, among newPGCluster's settings, keeps fsync on.
+const syncedSetting = "fsync = on"
+
 // newPGCluster initialises and starts a server on a free port of its own,
-// with settings ("name = value") added to its postgresql.conf.
+// with settings ("name = value") added to its postgresql.conf; fsync is
+// off unless they hold syncedSetting.
 func newPGCluster(t *testing.T, settings ...string) *pgCluster {
 	t.Helper()
-	c := &pgCluster{t: t, bin: pgBinDir(t), port: freePort(t)}
+	c := &pgCluster{t: t, bin: pgBinDir(t), port: freePort(t), synced: slices.Contains(settings, syncedSetting)}
 	c.dir = pgDataDir(t)
 	c.run("initdb", "-D", c.dir, "-A", "trust", "-U", "postgres", "-E", "UTF8", "--locale=C", "--no-sync")
 	if len(settings) > 0 {
@@ -57,8 +66,11 @@ func (c *pgCluster) standby() *pgCluster {
 
 func (c *pgCluster) start() {
 	c.t.Helper()
-	c.run("pg_ctl", "-D", c.dir, "-l", filepath.Join(c.dir, "server.log"), "-w", "-t", "60",
-		"-o", fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -k %s -c fsync=off", c.port, c.dir), "start")
+	options := fmt.Sprintf("-p %d -c listen_addresses=127.0.0.1 -k %s", c.port, c.dir)
+	if !c.synced {
+		options += " -c fsync=off"
+	}
+	c.run("pg_ctl", "-D", c.dir, "-l", filepath.Join(c.dir, "server.log"), "-w", "-t", "60", "-o", options, "start")
 	c.t.Cleanup(c.stopQuietly)
 }
 

@@ -34,7 +34,7 @@ import (
 // so that the 4.x passes leave it to the 3.10 pass: it needs no broker.)
 func TestFailoverToARestoredCopyMovesNoMarkUntilAReadVouchedForIt(t *testing.T) {
 	parallel(t)
-	server := newPGCluster(t)
+	server := newPGCluster(t, syncedSetting) // as an estate's: the vouch's hole hid behind fsync off
 	e := newEnvOn(t, server.adminURL())
 	queue := e.name + ".0"
 	type lane interface {
