@@ -28,18 +28,7 @@ func TestAnEntryThatNoLongerDecodesIsDeadLetteredWhileItsNeighboursAreApplied(t 
 	e := newEnv(t)
 	e.declare(1)
 	stream := prefix + ".journal"
-	conn, err := amqp.Dial(e.amqpURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ch.QueueDeclare(stream, true, false, false, false, amqp.Table{"x-queue-type": "stream"}); err != nil {
-		t.Fatal(err)
-	}
+	ch := e.declareStream(stream, nil)
 	good := []transfer{newTransfer("acc_dec_a", "acc_dec_b", 5), newTransfer("acc_dec_a", "acc_dec_b", 7)}
 	bad := newTransfer("acc_dec_a", "acc_dec_b", 11)
 	bad.OccurredAt = "yesterday"

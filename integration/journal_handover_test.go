@@ -7,7 +7,6 @@ import (
 
 	"transferconsumer/db"
 	"transferconsumer/event"
-	"transferconsumer/journal"
 )
 
 // A real failover, as a replica that held its lane synced would meet it
@@ -29,16 +28,12 @@ func TestFailoverToAStandbyBehindMovesNoMarkUntilAReadVouchedForIt(t *testing.T)
 	primary, standby, admin, replication := asyncPair(t)
 	e := newEnvOn(t, primary.adminURL())
 	queue := e.name + ".0"
-	type lane interface {
-		event.MarkedLane
-		journal.Voucher
-	}
-	laneOf := func() lane {
-		l := db.NewInbox(e.db).Lane(0).(lane)
+	laneOf := func() vouchedLane {
+		l := db.NewInbox(e.db).Lane(0).(vouchedLane)
 		t.Cleanup(l.Close)
 		return l
 	}
-	move := func(l lane, prev, last int64) error {
+	move := func(l vouchedLane, prev, last int64) error {
 		_, err := l.ApplyMarked(t.Context(), nil, event.Mark{Queue: queue, Prev: prev, Last: last})
 		return err
 	}

@@ -94,19 +94,7 @@ func TestAGapOlderThanTheJournalIsReportedAndItsQueueWaits(t *testing.T) {
 	e := newEnv(t)
 	e.declare(1)
 	stream := prefix + ".journal"
-	conn, err := amqp.Dial(e.amqpURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ch.QueueDeclare(stream, true, false, false, false, amqp.Table{"x-queue-type": "stream",
-		"x-max-length-bytes": int64(20000), "x-stream-max-segment-size-bytes": int64(4000)}); err != nil {
-		t.Fatal(err)
-	}
+	ch := e.declareStream(stream, amqp.Table{"x-max-length-bytes": int64(20000), "x-stream-max-segment-size-bytes": int64(4000)})
 	env := e.serviceEnv(1, "DECLARE_TOPOLOGY=false", "JOURNAL_STREAM="+stream, "JOURNAL_CLOCK_SKEW=1s")
 	proc := startProcess(t, env)
 	proc.waitConsuming(1)
@@ -267,6 +255,30 @@ func TestAPointInTimeRestoreWithTheJournalLosesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.checkRestored(proc, append(append(before, load...), more...), lost)
+}
+
+// declareStream declares the journal's stream with args (beside its
+// type) on a connection of its own, closed when the test ends, and
+// returns the channel it declared it on.
+func (e *env) declareStream(stream string, args amqp.Table) *amqp.Channel {
+	e.t.Helper()
+	conn, err := amqp.Dial(e.amqpURL)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	all := amqp.Table{"x-queue-type": "stream"}
+	for k, v := range args {
+		all[k] = v
+	}
+	if _, err := ch.QueueDeclare(stream, true, false, false, false, all); err != nil {
+		e.t.Fatal(err)
+	}
+	return ch
 }
 
 // firstJournalEntry returns the sequence of the first entry the stream

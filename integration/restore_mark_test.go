@@ -14,6 +14,13 @@ import (
 	"transferconsumer/journal"
 )
 
+// vouchedLane is the database's lane of a queue with the journal: the
+// moves of its mark, and the database's word about it.
+type vouchedLane interface {
+	event.MarkedLane
+	journal.Voucher
+}
+
 // The database vouches for a queue's journal mark only in the run of the
 // server that wrote it (adr/0014, "What is trusted"), and each restore
 // that puts the server's files back starts another run. Done for real on
@@ -37,15 +44,11 @@ func TestFailoverToARestoredCopyMovesNoMarkUntilAReadVouchedForIt(t *testing.T) 
 	server := newPGCluster(t, syncedSetting) // as an estate's: the vouch's hole hid behind fsync off
 	e := newEnvOn(t, server.adminURL())
 	queue := e.name + ".0"
-	type lane interface {
-		event.MarkedLane
-		journal.Voucher
-	}
-	var l lane
+	var l vouchedLane
 	reconnect := func() {
 		t.Helper()
 		e.useAddr(server.addr())
-		l = db.NewInbox(e.db).Lane(0).(lane)
+		l = db.NewInbox(e.db).Lane(0).(vouchedLane)
 		t.Cleanup(l.Close)
 	}
 	move := func(prev, last int64) error {
@@ -156,11 +159,7 @@ func TestFailoverToARestartedServerAsARoleWithoutPrivilegesAgrees(t *testing.T) 
 		t.Fatal(err)
 	}
 	queue := e.name + ".0"
-	type lane interface {
-		event.MarkedLane
-		journal.Voucher
-	}
-	var l lane
+	var l vouchedLane
 	connect := func() {
 		t.Helper()
 		d, err := db.Open(t.Context(), "postgres://plain@"+server.addr()+"/"+e.name+"?sslmode=disable", 2)
@@ -168,7 +167,7 @@ func TestFailoverToARestartedServerAsARoleWithoutPrivilegesAgrees(t *testing.T) 
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { d.Close() })
-		l = db.NewInbox(d).Lane(0).(lane)
+		l = db.NewInbox(d).Lane(0).(vouchedLane)
 		t.Cleanup(l.Close)
 	}
 	// agree checks that Vouched says "" exactly when a move from mark goes
