@@ -28,7 +28,8 @@ Reads the database in one consistent snapshot and reports (adr/0007):
   - every account whose balance is not the net of its transfers (drift);
   - every account whose transfers no longer sum to what the checkpoint of
     the periodic passes says: a transfer it counted was changed or removed
-    by hand (changed);
+    by hand (changed). A pass that writes keeps each, and every pass after
+    reports it, until a person resolves it (reconcile_resolved);
   - creations of one intent (the same accounts, amount and currency) under
     different transferIds within RECONCILE_WINDOW: suspected duplicates a
     producer published, which the inbox cannot see;
@@ -503,8 +504,12 @@ func logReconcile(log *slog.Logger, rep reconcileReport) {
 		if i == logFirst {
 			break
 		}
-		log.Error("reconcile: transfers changed since the checkpoint", "account", c.Account, "transfers", c.Transfers,
-			"checkpoint", c.Checkpoint, "difference", c.Difference)
+		attrs := []any{"account", c.Account, "transfers", c.Transfers, "checkpoint", c.Checkpoint, "difference", c.Difference,
+			"checkpoint_made_at", c.CheckpointMadeAt}
+		if c.FirstSeen != nil {
+			attrs = append(attrs, "first_seen", *c.FirstSeen)
+		}
+		log.Error("reconcile: transfers changed since the checkpoint", attrs...)
 	}
 	for _, d := range rep.Duplicates {
 		log.Warn("reconcile: suspected duplicate intent", "transfer_id", d.Transfer, "earlier_transfer_id", d.Earlier,
@@ -524,10 +529,10 @@ func logReconcile(log *slog.Logger, rep reconcileReport) {
 		level = slog.LevelWarn
 	}
 	attrs := []any{"pass", passName(rep.Reconciliation), "transfers", rep.Transfers, "accounts", rep.Accounts,
-		"drift", rep.DriftCount, "duplicate_intents", rep.DupCount, "waiting_transitions", rep.WaitCount,
-		"old_dead_letters", oldLetters(rep.DeadLetters), "duration_ms", rep.Duration.Milliseconds()}
-	if rep.Full {
-		attrs = append(attrs, "changed_since_checkpoint", rep.ChangedCount)
+		"drift", rep.DriftCount, "changed_since_checkpoint", rep.ChangedCount, "duplicate_intents", rep.DupCount,
+		"waiting_transitions", rep.WaitCount, "old_dead_letters", oldLetters(rep.DeadLetters), "duration_ms", rep.Duration.Milliseconds()}
+	if rep.Checkpoint.Compared {
+		attrs = append(attrs, "differ_from_checkpoint", rep.Checkpoint.Differs)
 	}
 	if why := strings.Join(slices.DeleteFunc([]string{rep.Checkpoint.Broken, rep.Checkpoint.Distrusted},
 		func(s string) bool { return s == "" }), "; "); why != "" {

@@ -39,10 +39,10 @@ func checkpointLine(r db.Reconciliation) string {
 		return "none yet (the service's first periodic pass makes it)"
 	case !c.Compared:
 		return "not compared: " + why
-	case r.ChangedCount == 0:
+	case c.Differs == 0:
 		return fmt.Sprintf("ok: the transfers sum to it (cut-off %s)", stamp(c.WrittenAt))
 	}
-	return fmt.Sprintf("%d account(s) whose transfers changed since its cut-off (%s)", r.ChangedCount, stamp(c.WrittenAt))
+	return fmt.Sprintf("%d account(s) whose transfers changed since its cut-off (%s)", c.Differs, stamp(c.WrittenAt))
 }
 
 func stamp(t *time.Time) string {
@@ -122,14 +122,22 @@ func printReconcile(w io.Writer, rep reconcileReport) {
 		return fmt.Sprintf("%s\t%d\t%s\t%+d%s", d.Account, d.Expected, actual, d.Difference, since(d.FirstSeen))
 	})
 	section("Transfers changed since the checkpoint's cut-off (a transfer it counted was changed or removed by hand)",
-		len(rep.Changed), rep.ChangedCount, "ACCOUNT\tTRANSFERS NOW\tCHECKPOINT\tDIFFERENCE", func(i int) string {
+		len(rep.Changed), rep.ChangedCount, "ACCOUNT\tTRANSFERS\tCHECKPOINT\tDIFFERENCE\tCHECKPOINT MADE AT\tFIRST SEEN", func(i int) string {
 			c := rep.Changed[i]
 			cp := "no row"
 			if c.Checkpoint != nil {
 				cp = fmt.Sprint(*c.Checkpoint)
 			}
-			return fmt.Sprintf("%s\t%d\t%s\t%+d", c.Account, c.Transfers, cp, c.Difference)
+			seen := "this pass (not written down: it reads only)"
+			if c.FirstSeen != nil {
+				seen = stamp(c.FirstSeen)
+			}
+			return fmt.Sprintf("%s\t%d\t%s\t%+d\t%s\t%s", c.Account, c.Transfers, cp, c.Difference, stamp(c.CheckpointMadeAt), seen)
 		})
+	if rep.ChangedCount > 0 {
+		fmt.Fprintln(w, "(each is reported until a person resolves it, with why: INSERT INTO reconcile_resolved (kind, subject, note) "+
+			"SELECT kind, subject, 'why' FROM reconcile_finding WHERE kind = 'changed' AND detail->>'account' = 'ACCOUNT' ON CONFLICT DO NOTHING)")
+	}
 	section("Suspected duplicate intents", len(rep.Duplicates), rep.DupCount,
 		"TRANSFER\tCREATED AT\tREPEATS\tCREATED AT\tAPART\tFROM → TO\tAMOUNT"+seen, func(i int) string {
 			d := rep.Duplicates[i]

@@ -195,24 +195,30 @@ func TestReconcileReportOfEachPass(t *testing.T) {
 		}
 	}
 	checkpoint := int64(100)
+	made := at.Add(-48 * time.Hour)
 	full := reconcileReport{
 		Reconciliation: db.Reconciliation{Ran: true, Full: true, At: at,
-			Checkpoint: db.Checkpoint{Present: true, Compared: true, WrittenAt: &cut},
-			Changed:    []db.Changed{{Account: "acc_r", Transfers: 90, Checkpoint: &checkpoint, Difference: 10}}, ChangedCount: 1},
+			Checkpoint: db.Checkpoint{Present: true, Compared: true, Differs: 1, WrittenAt: &cut},
+			Drift:      []db.Drift{{Account: "acc_q", Expected: 10, Actual: &actual, Difference: -1}}, DriftCount: 1,
+			Changed: []db.Changed{{Account: "acc_p", Transfers: 5, Checkpoint: &checkpoint, Difference: 95, CheckpointMadeAt: &made, FirstSeen: &seen},
+				{Account: "acc_r", Transfers: 90, Checkpoint: &checkpoint, Difference: 10, CheckpointMadeAt: &made}}, ChangedCount: 2},
 		DeadLetters: deadLetters{Error: "not read: --skip-dlq"},
 	}
-	if n := full.findings(); n != 1 {
-		t.Errorf("%d kinds of finding, want 1 (transfers changed)", n)
+	if n := full.findings(); n != 2 {
+		t.Errorf("%d kinds of finding, want 2 (drift, transfers changed)", n)
 	}
 	text.Reset()
 	printReconcile(&text, full)
 	for _, want := range []string{"full pass", "1 account(s) whose transfers changed since its cut-off", "acc_r", "+10",
-		"found: transfers changed (exit status 3)"} {
+		"2026-11-29T07:00:00Z", "acc_p", "2026-12-01T04:00:00Z", "this pass (not written down", "INSERT INTO reconcile_resolved",
+		"found: drift, transfers changed (exit status 3)"} {
 		if !strings.Contains(text.String(), want) {
 			t.Errorf("the full report lacks %q:\n%s", want, text.String())
 		}
 	}
-	if strings.Contains(text.String(), "FIRST SEEN") {
-		t.Errorf("a pass that wrote nothing down says since when:\n%s", text.String())
+	for _, line := range strings.Split(text.String(), "\n") {
+		if strings.Contains(line, "EXPECTED") && strings.Contains(line, "FIRST SEEN") {
+			t.Errorf("a pass that wrote nothing down says since when a drift was seen:\n%s", text.String())
+		}
 	}
 }

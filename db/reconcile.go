@@ -58,8 +58,13 @@ type Reconciliation struct {
 	DupCount   int
 	Waiting    []Waiting // oldest first, at most Limit
 	WaitCount  int
-	// Full pass: the accounts whose transfers no longer sum to what the
-	// checkpoint and the transfers since its cut-off say.
+	// The accounts whose transfers a full pass found no longer summing to
+	// what a checkpoint and the transfers since its cut-off said (a
+	// transfer it counted was changed or deleted by hand), each until a
+	// person resolves it (reconcile_resolved): a recorded pass reports
+	// every one kept in reconcile_finding, whichever pass found it; the
+	// read-only full pass, those kept and those its own comparison finds
+	// that none kept names yet. No pass resolves one (adr/0007).
 	Changed      []Changed // in account order, at most Limit
 	ChangedCount int
 	// Recorded: when the oldest finding still reported was first seen,
@@ -84,8 +89,11 @@ type Checkpoint struct {
 	// transaction ids this pass found another cluster's and neutralized,
 	// before its snapshot; the checkpoint was forgotten then (Broken).
 	Neutralized int64 `json:"neutralized,omitempty"`
-	// Compared: the full pass compared the transfers with it (Changed).
+	// Compared: the full pass compared the transfers with it; Differs:
+	// the accounts whose transfers it found no longer summing to it
+	// (each kept as a finding of Changed).
 	Compared bool `json:"compared"`
+	Differs  int  `json:"differs"`
 	// Rebuilt: this pass made it anew.
 	Rebuilt bool `json:"rebuilt"`
 	// RebuiltAt and FullAt: when it was last made anew, and when the last
@@ -96,6 +104,16 @@ type Checkpoint struct {
 	cutoff     *string // the snapshot, as text
 	cutoffXmin *int64
 	sweptTo    string
+}
+
+// madeAt is when c was made anew last, which names the changed findings
+// found against it (changedSubject); when it was written, for one
+// without.
+func (c Checkpoint) madeAt() *time.Time {
+	if c.RebuiltAt != nil {
+		return c.RebuiltAt
+	}
+	return c.WrittenAt
 }
 
 // trusted reports whether the periodic pass may start from c.
@@ -146,16 +164,25 @@ type Waiting struct {
 	FirstSeen  *time.Time `json:"first_seen,omitempty" db:"-"`
 }
 
-// Changed is an account whose transfers no longer sum to what the
-// checkpoint and the transfers since its cut-off say: a transfer the
-// checkpoint counted was changed or deleted behind the service's back.
+// Changed is an account whose transfers no longer summed to what the
+// checkpoint and the transfers since its cut-off said when a full pass
+// compared them: a transfer the checkpoint counted was changed or deleted
+// behind the service's back. It is kept as it was found, the figures of
+// that comparison, until a person resolves it.
 type Changed struct {
 	Account   string `json:"account"`
-	Transfers int64  `json:"transfers"` // the net of its transfers now
-	// Checkpoint is what the checkpoint and the transfers since say, nil
-	// when neither knows the account.
+	Transfers int64  `json:"transfers"` // the net of its transfers then
+	// Checkpoint is what the checkpoint and the transfers since said, nil
+	// when neither knew the account.
 	Checkpoint *int64 `json:"checkpoint"`
 	Difference int64  `json:"difference"` // Checkpoint (0 when nil) − Transfers
+	// CheckpointMadeAt is when the checkpoint compared was made (its
+	// rebuilt_at), which names the finding with the account; CutoffAt,
+	// the cut-off it was compared at: the transfer changed is one created
+	// before it.
+	CheckpointMadeAt *time.Time `json:"checkpoint_made_at,omitempty"`
+	CutoffAt         *time.Time `json:"cutoff_at,omitempty"`
+	FirstSeen        *time.Time `json:"first_seen,omitempty"`
 }
 
 // repeatableReadOnly is the full pass's transaction: one snapshot for
@@ -169,8 +196,9 @@ var repeatableReadOnly = &sql.TxOptions{Isolation: sql.LevelRepeatableRead, Read
 // Reconcile is the full pass: it reads the database in one REPEATABLE
 // READ READ ONLY transaction and reports every balance that is not the net
 // of its transfers, every account whose transfers no longer sum to what
-// the checkpoint says, the suspected duplicate intents and the transitions
-// waiting too long (adr/0007). It changes nothing, so it runs on a standby
+// the checkpoint says (with the changed findings earlier passes kept, which
+// no person resolved yet), the suspected duplicate intents and the
+// transitions waiting too long (adr/0007). It changes nothing, so it runs on a standby
 // too. Its errors are the database's, classified as everywhere (a lost
 // connection or a timeout is transient); it retries nothing.
 func Reconcile(ctx context.Context, db *sqlx.DB, o ReconcileOptions) (Reconciliation, error) {
@@ -195,7 +223,19 @@ func Reconcile(ctx context.Context, db *sqlx.DB, o ReconcileOptions) (Reconcilia
 	if err := tx.SelectContext(ctx, &rows, fullQuery, o.Limit, cut, xmin, false); err != nil {
 		return r, translateIn("balances", err)
 	}
-	r.Drift, r.DriftCount, r.Changed, r.ChangedCount = splitFull(rows, o.Limit)
+	f := splitFull(rows, o.Limit)
+	r.Drift, r.DriftCount, r.Checkpoint.Differs = f.drift, f.driftCount, f.differs
+	// The changed findings kept, and those this comparison found that
+	// none kept names: a pass that reads only cannot write them down.
+	if err := readFindings(ctx, tx, o.Limit, "changed", &r); err != nil {
+		return r, err
+	}
+	for i := range f.fresh {
+		f.fresh[i].CheckpointMadeAt, f.fresh[i].CutoffAt = r.Checkpoint.madeAt(), r.Checkpoint.WrittenAt
+	}
+	r.Changed = append(r.Changed, f.fresh...)
+	sort.SliceStable(r.Changed, func(i, j int) bool { return r.Changed[i].Account < r.Changed[j].Account })
+	r.Changed, r.ChangedCount = r.Changed[:min(len(r.Changed), o.Limit)], r.ChangedCount+f.freshCount
 	var dups []duplicateRow
 	if err := tx.SelectContext(ctx, &dups, duplicateQuery, o.Limit, interval(o.Window)); err != nil {
 		return r, translateIn("duplicate intents", err)
@@ -291,32 +331,45 @@ type (
 		Actual     *int64 `db:"actual"`
 		Difference int64  `db:"difference"`
 		Total      int    `db:"total"`
+		Fresh      int    `db:"fresh"`
+		Kept       bool   `db:"kept"`
 	}
 )
 
 func (r duplicateRow) split() (Duplicate, int) { return r.Duplicate, r.Total }
 func (r waitingRow) split() (Waiting, int)     { return r.Waiting, r.Total }
 
-// splitFull returns the first limit drifts and changed accounts of rows,
-// and the totals of each.
-func splitFull(rows []fullRow, limit int) (drift []Drift, driftCount int, changed []Changed, changedCount int) {
+// fullFound is what fullQuery's rows say: the first drifts and their
+// total; how many accounts differ from the checkpoint, and the first of
+// those no changed finding kept names yet (fresh), with their total.
+type fullFound struct {
+	drift      []Drift
+	driftCount int
+	differs    int
+	fresh      []Changed
+	freshCount int
+}
+
+// splitFull returns what rows say, at most limit of each kind.
+func splitFull(rows []fullRow, limit int) fullFound {
+	var f fullFound
 	for _, row := range rows {
 		switch row.Kind {
 		case "drift":
-			driftCount = row.Total
-			if len(drift) < limit {
-				drift = append(drift, Drift{Account: row.Account, Expected: row.Expected, Actual: row.Actual, Difference: row.Difference})
+			f.driftCount = row.Total
+			if len(f.drift) < limit {
+				f.drift = append(f.drift, Drift{Account: row.Account, Expected: row.Expected, Actual: row.Actual, Difference: row.Difference})
 			}
 		case "changed":
-			changedCount = row.Total
-			if len(changed) < limit {
-				changed = append(changed, Changed{Account: row.Account, Transfers: row.Expected, Checkpoint: row.Actual, Difference: row.Difference})
+			f.differs, f.freshCount = row.Total, row.Fresh
+			if !row.Kept && len(f.fresh) < limit {
+				f.fresh = append(f.fresh, Changed{Account: row.Account, Transfers: row.Expected, Checkpoint: row.Actual, Difference: row.Difference})
 			}
 		}
 	}
-	sort.Slice(drift, func(i, j int) bool { return drift[i].Account < drift[j].Account })
-	sort.Slice(changed, func(i, j int) bool { return changed[i].Account < changed[j].Account })
-	return drift, driftCount, changed, changedCount
+	sort.Slice(f.drift, func(i, j int) bool { return f.drift[i].Account < f.drift[j].Account })
+	sort.Slice(f.fresh, func(i, j int) bool { return f.fresh[i].Account < f.fresh[j].Account })
+	return f
 }
 
 // firstOf returns the first limit findings of rows, and their total.

@@ -10,12 +10,13 @@ import (
 )
 
 // What the passes found, kept in reconcile_finding until a pass finds it
-// resolved (adr/0007, "Nothing found is lost between passes").
+// resolved, or, a changed finding, until a person does (adr/0007,
+// "Nothing found is lost between passes").
 
 // recordSQL writes a pass's findings (the working sets
-// reconcile_pass_drift, _duplicate and _waiting) into
-// reconcile_finding, keeping when each was first seen, and deletes those
-// the pass found resolved:
+// reconcile_pass_drift, _duplicate, _waiting and the changed rows of
+// _full) into reconcile_finding, keeping when each was first seen, and
+// deletes those the pass found resolved:
 //   - a drift, when its account was compared and is not in drift: every
 //     pass compares each account found in drift before;
 //   - a waiting transition, when it is no longer waiting: every pass
@@ -23,7 +24,15 @@ import (
 //   - a duplicate intent, when a full pass did not find it, or (the
 //     periodic pass, which reads only the last window) when one of its two
 //     transfers failed or is gone, or a person dismissed it.
-const recordSQL = `
+//
+// A changed finding is never deleted: once the checkpoint is made anew
+// from the transfers as they are, no pass can find the change again, and
+// it is the one finding that says someone edited history. It is written
+// as found, before the checkpoint it differs from is made anew (its
+// subject names that checkpoint, changedSubject), and found again only
+// while that checkpoint stands (a standby's full pass, then the primary's
+// that makes it anew): then only last_seen moves.
+var recordSQL = `
 DELETE FROM reconcile_finding f WHERE f.kind = 'drift'
     AND NOT EXISTS (SELECT 1 FROM reconcile_pass_drift d WHERE d.account = f.subject);
 DELETE FROM reconcile_finding f WHERE f.kind = 'waiting'
@@ -35,7 +44,14 @@ UNION ALL
 SELECT 'duplicate', transfer_id::text, to_jsonb(d) - 'total' FROM reconcile_pass_duplicate d
 UNION ALL
 SELECT 'waiting', transfer_id::text, to_jsonb(w) - 'total' FROM reconcile_pass_waiting w
-ON CONFLICT (kind, subject) DO UPDATE SET detail = EXCLUDED.detail, last_seen = EXCLUDED.last_seen`
+ON CONFLICT (kind, subject) DO UPDATE SET detail = EXCLUDED.detail, last_seen = EXCLUDED.last_seen;
+INSERT INTO reconcile_finding AS f (kind, subject, detail)
+SELECT 'changed', ` + fmt.Sprintf(changedSubject, "p.account", "c.rebuilt_at", "c.written_at") + `,
+       jsonb_build_object('account', p.account, 'transfers', p.expected, 'checkpoint', p.actual, 'difference', p.difference,
+                          'checkpoint_made_at', coalesce(c.rebuilt_at, c.written_at), 'cutoff_at', c.written_at)
+FROM reconcile_pass_full p, reconcile_checkpoint c
+WHERE p.kind = 'changed'
+ON CONFLICT (kind, subject) DO UPDATE SET last_seen = EXCLUDED.last_seen`
 
 const (
 	duplicatesNotFound = `DELETE FROM reconcile_finding f WHERE f.kind = 'duplicate'
@@ -58,35 +74,50 @@ func record(ctx context.Context, tx *sqlx.Tx, full bool) error {
 	return nil
 }
 
+// unresolved is true for a finding f no person resolved: only a changed
+// finding is resolved so (sql/0020); the others go when a pass finds them
+// resolved.
+const unresolved = `NOT EXISTS (SELECT 1 FROM reconcile_resolved r WHERE r.kind = f.kind AND r.subject = f.subject)`
+
 // findingsQuery reads the first $1 findings of each kind (at least one,
-// for the count), in the order a pass reports them, with their totals.
+// for the count), or of the kind $2 only, in the order a pass reports
+// them, with their totals.
 const findingsQuery = `
 SELECT kind, detail, first_seen, total FROM (
     SELECT kind, detail, first_seen, count(*) OVER (PARTITION BY kind) AS total,
            row_number() OVER (PARTITION BY kind ORDER BY
                CASE kind WHEN 'duplicate' THEN (detail->>'created_at')::timestamptz
                          WHEN 'waiting' THEN (detail->>'received_at')::timestamptz END, subject) AS n
-    FROM reconcile_finding) f
+    FROM reconcile_finding f
+    WHERE ` + unresolved + ` AND ($2::text IS NULL OR kind = $2)) f
 WHERE n <= greatest($1::int, 1)
 ORDER BY kind, n`
 
-// readFindings sets r's findings to those recorded, the first limit of
-// each kind.
-func readFindings(ctx context.Context, tx *sqlx.Tx, limit int, r *Reconciliation) error {
+// readFindings sets r's findings to those recorded and not resolved, the
+// first limit of each kind; with only, of that kind alone (the others
+// are left as they are).
+func readFindings(ctx context.Context, tx *sqlx.Tx, limit int, only string, r *Reconciliation) error {
 	var rows []struct {
 		Kind      string    `db:"kind"`
 		Detail    []byte    `db:"detail"`
 		FirstSeen time.Time `db:"first_seen"`
 		Total     int       `db:"total"`
 	}
-	if err := tx.SelectContext(ctx, &rows, findingsQuery, limit); err != nil {
+	var kind *string
+	if only != "" {
+		kind = &only
+	}
+	if err := tx.SelectContext(ctx, &rows, findingsQuery, limit, kind); err != nil {
 		return translateIn("read the findings", err)
 	}
-	r.Drift, r.Duplicates, r.Waiting = nil, nil, nil
-	r.DriftCount, r.DupCount, r.WaitCount = 0, 0, 0
-	if err := tx.GetContext(ctx, &r.OldestFinding, `SELECT min(first_seen) FROM reconcile_finding`); err != nil {
-		return translateIn("read the findings", err)
+	if only == "" {
+		r.Drift, r.Duplicates, r.Waiting = nil, nil, nil
+		r.DriftCount, r.DupCount, r.WaitCount = 0, 0, 0
+		if err := tx.GetContext(ctx, &r.OldestFinding, `SELECT min(first_seen) FROM reconcile_finding f WHERE `+unresolved); err != nil {
+			return translateIn("read the findings", err)
+		}
 	}
+	r.Changed, r.ChangedCount = nil, 0
 	for _, row := range rows {
 		seen := row.FirstSeen
 		var err error
@@ -114,6 +145,14 @@ func readFindings(ctx context.Context, tx *sqlx.Tx, limit int, r *Reconciliation
 				err = json.Unmarshal(row.Detail, &w)
 				w.FirstSeen = &seen
 				r.Waiting = append(r.Waiting, w)
+			}
+		case "changed":
+			r.ChangedCount = row.Total
+			if len(r.Changed) < limit {
+				var c Changed
+				err = json.Unmarshal(row.Detail, &c)
+				c.FirstSeen = &seen
+				r.Changed = append(r.Changed, c)
 			}
 		}
 		if err != nil {
@@ -159,10 +198,11 @@ func ReleaseFull(ctx context.Context, primary *sqlx.DB) error {
 
 // RecordFull writes down on primary what the full pass r, read on a
 // standby, found: its findings (the first of each kind r holds), which
-// the periodic passes then report until they find them resolved; the
-// checkpoint marked to be made anew when the transfers no longer sum to
-// it (r.ChangedCount), unless the primary made it anew since; and the full
-// pass's time. It waits for a periodic pass under way to end.
+// the periodic passes then report until they find them resolved, or, the
+// changed ones, until a person does; the checkpoint marked to be made
+// anew when the transfers no longer sum to it (r.Checkpoint.Differs),
+// unless the primary made it anew since; and the full pass's time. It
+// waits for a periodic pass under way to end.
 func RecordFull(ctx context.Context, primary *sqlx.DB, r Reconciliation) error {
 	tx, err := primary.BeginTxx(ctx, nil)
 	if err != nil {
@@ -190,9 +230,28 @@ func RecordFull(ctx context.Context, primary *sqlx.DB, r Reconciliation) error {
 			return translateIn("write the findings", err)
 		}
 	}
-	if r.ChangedCount > 0 {
+	// The changed accounts this pass's comparison found (those r holds
+	// without a first sighting: the others were read as kept), each named
+	// by the checkpoint it was compared with (changedSubject).
+	var found []Changed
+	for _, c := range r.Changed {
+		if c.FirstSeen == nil {
+			found = append(found, c)
+		}
+	}
+	b, err := json.Marshal(orNone(found))
+	if err != nil {
+		return err
+	}
+	if _, err := tx.ExecContext(ctx, `INSERT INTO reconcile_finding AS f (kind, subject, detail)
+		SELECT 'changed', `+fmt.Sprintf(changedSubject, "(x->>'account')", "(x->>'checkpoint_made_at')::timestamptz", "NULL")+`, x - 'first_seen'
+		FROM jsonb_array_elements($1::jsonb) x
+		ON CONFLICT (kind, subject) DO UPDATE SET last_seen = EXCLUDED.last_seen`, string(b)); err != nil {
+		return translateIn("write the findings", err)
+	}
+	if r.Checkpoint.Differs > 0 {
 		why := fmt.Sprintf("the full pass of %s found the transfers of %d account(s) changed since the checkpoint's cut-off",
-			r.At.UTC().Format(time.RFC3339), r.ChangedCount)
+			r.At.UTC().Format(time.RFC3339), r.Checkpoint.Differs)
 		if _, err := tx.ExecContext(ctx, `UPDATE reconcile_checkpoint SET distrust = $1 WHERE rebuilt_at IS NOT DISTINCT FROM $2`,
 			why, r.Checkpoint.RebuiltAt); err != nil {
 			return translateIn("mark the checkpoint", err)
@@ -205,4 +264,12 @@ func RecordFull(ctx context.Context, primary *sqlx.DB, r Reconciliation) error {
 		return fmt.Errorf("reconcile: commit: %w", translate(err))
 	}
 	return nil
+}
+
+// orNone makes a nil list [] in JSON.
+func orNone[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
 }

@@ -104,7 +104,7 @@ func ReconcilePeriodic(ctx context.Context, db *sqlx.DB, o PeriodicOptions) (Rec
 	if err != nil {
 		return r, err
 	}
-	if err := readFindings(ctx, tx, o.Limit, &r); err != nil {
+	if err := readFindings(ctx, tx, o.Limit, "", &r); err != nil {
 		return r, err
 	}
 	if _, err := tx.ExecContext(ctx, emptyWork); err != nil {
@@ -176,22 +176,26 @@ func since(ctx context.Context, tx *sqlx.Tx, o PeriodicOptions, r *Reconciliatio
 
 // rebuild is the full pass of the periodic run: it sums every transfer,
 // compares the sums with the checkpoint when it means anything here, finds
-// every finding, and makes the checkpoint anew at its own snapshot.
+// every finding, writes down the accounts whose transfers differ from the
+// checkpoint as changed findings, which no pass resolves, and makes the
+// checkpoint anew at its own snapshot.
 func rebuild(ctx context.Context, tx *sqlx.Tx, o PeriodicOptions, r *Reconciliation) error {
 	if err := countAll(ctx, tx, r); err != nil {
 		return err
 	}
 	cut, xmin := r.Checkpoint.comparable()
 	r.Checkpoint.Compared = cut != nil
-	if _, err := tx.ExecContext(ctx, `INSERT INTO reconcile_pass_full `+fullQuery, math.MaxInt32, cut, xmin, true); err != nil {
+	if _, err := tx.ExecContext(ctx, `INSERT INTO reconcile_pass_full
+		SELECT kind, account, expected, actual, difference, total FROM (`+fullQuery+`) f`, math.MaxInt32, cut, xmin, true); err != nil {
 		return translateIn("balances", err)
 	}
-	var rows []fullRow
-	if err := tx.SelectContext(ctx, &rows, `SELECT kind, account, expected, actual, difference, total FROM reconcile_pass_full
-		WHERE kind = 'changed' ORDER BY account LIMIT greatest($1::int, 1)`, o.Limit); err != nil {
+	// The accounts that differ from the checkpoint are written down by
+	// record, before the checkpoint is made anew from the transfers as
+	// they are: each is then reported until a person resolves it, and
+	// the checkpoint made anew does not absorb it.
+	if err := tx.GetContext(ctx, &r.Checkpoint.Differs, `SELECT count(*) FROM reconcile_pass_full WHERE kind = 'changed'`); err != nil {
 		return translateIn("the checkpoint's comparison", err)
 	}
-	_, _, r.Changed, r.ChangedCount = splitFull(rows, o.Limit)
 	for _, step := range []struct {
 		what, query string
 		args        []any

@@ -64,6 +64,11 @@ const sinceCutSQL = `
 // actual is the balance (drift) or what the checkpoint and the transfers
 // since say (changed), NULL when there is no row; difference is actual
 // (0 without a row) − expected.
+//
+// A changed row is kept when reconcile_finding already holds it (a full
+// pass on a standby wrote it, and the checkpoint was not made anew since):
+// total counts every changed row, fresh those not kept, and the rows
+// returned are the fresh ones first.
 var fullQuery = `
 WITH all_rows AS (
     SELECT from_account, to_account, amount_minor, state, true AS created FROM transfer
@@ -89,13 +94,26 @@ WITH all_rows AS (
     WHERE $2::pg_snapshot IS NOT NULL
       AND (n.account IS NULL OR (c.account IS NULL AND d.account IS NULL)
            OR n.expected <> coalesce(c.net_minor, 0) + coalesce(d.delta, 0))
+), judged AS (
+    SELECT f.*, f.kind = 'changed' AND EXISTS (
+               SELECT 1 FROM reconcile_finding k, reconcile_checkpoint m
+               WHERE k.kind = 'changed' AND k.subject = ` + fmt.Sprintf(changedSubject, "f.account", "m.rebuilt_at", "m.written_at") + `) AS kept
+    FROM found f
 ), numbered AS (
-    SELECT *, count(*) OVER (PARTITION BY kind) AS total, row_number() OVER (PARTITION BY kind ORDER BY account) AS n
-    FROM found
+    SELECT *, count(*) OVER (PARTITION BY kind) AS total, count(*) FILTER (WHERE NOT kept) OVER (PARTITION BY kind) AS fresh,
+           row_number() OVER (PARTITION BY kind ORDER BY kept, account) AS n
+    FROM judged
 )
-SELECT kind, account, expected, actual, difference::bigint, total FROM numbered WHERE n <= greatest($1::int, 1)
+SELECT kind, account, expected, actual, difference::bigint, total, fresh, kept FROM numbered WHERE n <= greatest($1::int, 1)
 UNION ALL
-SELECT 'net', account, expected, NULL, 0, 0 FROM net WHERE $4::bool`
+SELECT 'net', account, expected, NULL, 0, 0, 0, false FROM net WHERE $4::bool`
+
+// changedSubject names a changed finding in reconcile_finding: the account
+// (%[1]s) and when the checkpoint it differs from was made (%[2]s, its
+// rebuilt_at, or %[3]s, when it was written, for one without), in UTC to
+// the microsecond. A second edit of the account's history, found against
+// a checkpoint made after the first was found, is a finding of its own.
+const changedSubject = `(%[1]s || '@' || to_char(coalesce(%[2]s, %[3]s) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))`
 
 // duplicateQuery finds creations that repeat the intent of the one before
 // them (the same accounts, amount and currency, another transferId) within
