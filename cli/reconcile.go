@@ -391,7 +391,7 @@ func ReconcileLoop(ctx context.Context, database *sqlx.DB, cfg config.Config, m 
 			log.Error("reconcile failed", "err", err)
 		case err == nil && rep.Ran:
 			m.Reconciled(observe.Reconciliation{Drift: rep.DriftCount, Duplicates: rep.DupCount, Waiting: rep.WaitCount,
-				OldLetters: oldLetters(rep.DeadLetters), Took: rep.Duration, Full: rep.Full,
+				Changed: rep.ChangedCount, OldLetters: oldLetters(rep.DeadLetters), Took: rep.Duration, Full: rep.Full,
 				LastFull: lastFull(rep.Reconciliation), OldestFinding: rep.OldestFinding})
 			logReconcile(log, rep)
 		}

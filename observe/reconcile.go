@@ -11,6 +11,7 @@ import (
 type reconcileGauges struct {
 	drift, duplicates, waiting, oldLetters, lastEnd, duration prometheus.Gauge
 	lastFull, fullEnd, oldestFinding                          prometheus.Gauge
+	changed                                                   prometheus.Gauge
 }
 
 func newReconcileGauges(ns string) (reconcileGauges, []prometheus.Collector) {
@@ -30,14 +31,17 @@ func newReconcileGauges(ns string) (reconcileGauges, []prometheus.Collector) {
 		fullEnd: gauge("last_full_end_seconds", "Unix time the last full pass over every transfer ended, on whichever replica and server, as the database records it; "+
 			"time() minus it is how long ago a transfer changed by hand could last have been found; 0 before the first.", 0),
 		oldestFinding: gauge("oldest_finding_seconds", "Unix time the oldest finding still reported (a drift, a duplicate intent or a waiting transition: "+
-			"each is reported until a pass finds it resolved) was first seen; 0 when there is none.", 0),
+			"each is reported until a pass finds it resolved; transfers changed since the checkpoint, until a person resolves them) was first seen; 0 when there is none.", 0),
+		changed: gauge("changed_since_checkpoint", "Accounts whose transfers a full pass found changed or deleted by hand since the checkpoint (history edited), "+
+			"each reported by every run until a person resolves it (reconcile_resolved), at the last reconciliation; -1 before the first.", -1),
 	}
-	return g, []prometheus.Collector{g.drift, g.duplicates, g.waiting, g.oldLetters, g.lastEnd, g.duration, g.lastFull, g.fullEnd, g.oldestFinding}
+	return g, []prometheus.Collector{g.drift, g.duplicates, g.waiting, g.oldLetters, g.lastEnd, g.duration, g.lastFull, g.fullEnd, g.oldestFinding, g.changed}
 }
 
 // Reconciliation is what a periodic reconciliation found, for its series.
 type Reconciliation struct {
 	Drift, Duplicates, Waiting int           // accounts in drift, duplicate intents, waiting transitions
+	Changed                    int           // accounts whose transfers were changed since the checkpoint, not yet resolved
 	OldLetters                 int           // dead letters older than INBOX_TTL or undated; -1 when the DLQ was not read
 	Took                       time.Duration // how long it took
 	Full                       bool          // a full pass
@@ -52,6 +56,7 @@ func (m *Metrics) Reconciled(r Reconciliation) {
 	g.drift.Set(float64(r.Drift))
 	g.duplicates.Set(float64(r.Duplicates))
 	g.waiting.Set(float64(r.Waiting))
+	g.changed.Set(float64(r.Changed))
 	g.oldLetters.Set(float64(r.OldLetters))
 	g.lastEnd.Set(float64(time.Now().UnixMilli()) / 1000)
 	g.duration.Set(r.Took.Seconds())
