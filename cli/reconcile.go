@@ -428,7 +428,8 @@ func lastFull(r db.Reconciliation) time.Time {
 }
 
 // recordFirst bounds the findings of each kind a full pass on a standby
-// writes on the primary; all are counted and logged as counts.
+// writes on the primary; all are counted. Its log is bounded by logFirst,
+// as every run's.
 const recordFirst = 100_000
 
 // fullOnStandby runs the scheduled full pass on the standby standby (a
@@ -484,14 +485,29 @@ func readStandby(ctx context.Context, standby string, cfg config.Config) (reconc
 	return reconcile(ctx, database, cfg, recordFirst, passFull, 0, false, dlqNone, 0)
 }
 
-// logFirst bounds the lines a periodic run logs per kind of finding; the
-// summary line counts them all.
+// logFirst bounds the lines any run logs per kind of finding, whatever it
+// holds: the service's periodic pass reads this many of each kind, the
+// full pass on a standby up to recordFirst, to write them down on the
+// primary. Past it, one line says how many of the kind were left out, and
+// the summary line counts them all.
 const logFirst = 10
 
-// logReconcile logs each finding of rep, at most logFirst of each kind,
-// then one summary line.
+// logFindings logs the first logFirst of items with line, then, when
+// count (all the kind's findings) is more, how many were left out.
+func logFindings[T any](log *slog.Logger, kind string, items []T, count int, line func(T)) {
+	shown := min(len(items), logFirst)
+	for _, it := range items[:shown] {
+		line(it)
+	}
+	if count > shown {
+		log.Warn("reconcile: findings left out of the log", "kind", kind, "logged", shown, "left_out", count-shown, "count", count)
+	}
+}
+
+// logReconcile logs the findings of rep, at most logFirst of each kind
+// and a line for the rest, then one summary line.
 func logReconcile(log *slog.Logger, rep reconcileReport) {
-	for _, d := range rep.Drift {
+	logFindings(log, "drift", rep.Drift, rep.DriftCount, func(d db.Drift) {
 		attrs := []any{"account", d.Account, "expected", d.Expected, "difference", d.Difference}
 		if d.Actual != nil {
 			attrs = append(attrs, "actual", *d.Actual)
@@ -499,31 +515,28 @@ func logReconcile(log *slog.Logger, rep reconcileReport) {
 			attrs = append(attrs, "actual", "no balance row")
 		}
 		log.Error("reconcile: balance drift", attrs...)
-	}
-	for i, c := range rep.Changed {
-		if i == logFirst {
-			break
-		}
+	})
+	logFindings(log, "changed", rep.Changed, rep.ChangedCount, func(c db.Changed) {
 		attrs := []any{"account", c.Account, "transfers", c.Transfers, "checkpoint", c.Checkpoint, "difference", c.Difference,
 			"checkpoint_made_at", c.CheckpointMadeAt}
 		if c.FirstSeen != nil {
 			attrs = append(attrs, "first_seen", *c.FirstSeen)
 		}
 		log.Error("reconcile: transfers changed since the checkpoint", attrs...)
-	}
-	for _, d := range rep.Duplicates {
+	})
+	logFindings(log, "duplicate", rep.Duplicates, rep.DupCount, func(d db.Duplicate) {
 		log.Warn("reconcile: suspected duplicate intent", "transfer_id", d.Transfer, "earlier_transfer_id", d.Earlier,
 			"from_account", d.From, "to_account", d.To, "amount_minor", d.Amount, "currency", d.Currency,
 			"apart_ms", d.CreatedAt.Sub(d.EarlierAt).Milliseconds())
-	}
-	for _, w := range rep.Waiting {
+	})
+	logFindings(log, "waiting", rep.Waiting, rep.WaitCount, func(w db.Waiting) {
 		log.Warn("reconcile: transition waiting for its creation", "transfer_id", w.Transfer, "event_id", w.EventID,
 			"event_type", w.EventType, "received_at", w.ReceivedAt, "waited_s", int64(rep.At.Sub(w.ReceivedAt).Seconds()))
-	}
-	for _, l := range rep.DeadLetters.Letters {
+	})
+	logFindings(log, "old_dead_letter", rep.DeadLetters.Letters, rep.DeadLetters.Old+rep.DeadLetters.Undated, func(l deadLetter) {
 		log.Warn("reconcile: dead letter the inbox can no longer prove harmless to replay", "event_id", l.EventID,
 			"class", l.Class, "dead_since", l.DeadSince)
-	}
+	})
 	level := slog.LevelInfo
 	if rep.findings() > 0 {
 		level = slog.LevelWarn

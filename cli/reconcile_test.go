@@ -3,6 +3,8 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"log/slog"
 	"net"
 	"strings"
 	"testing"
@@ -220,5 +222,62 @@ func TestReconcileReportOfEachPass(t *testing.T) {
 		if strings.Contains(line, "EXPECTED") && strings.Contains(line, "FIRST SEEN") {
 			t.Errorf("a pass that wrote nothing down says since when a drift was seen:\n%s", text.String())
 		}
+	}
+}
+
+// Whatever a run holds, its log has at most logFirst lines of each kind
+// of finding and one line saying how many of the kind it left out; the
+// summary counts them all. The standby's full pass holds up to
+// recordFirst of each kind, to write them down on the primary.
+func TestEveryLogOfFindingsIsBounded(t *testing.T) {
+	const held, count = 250, 400
+	at := time.Date(2026, 12, 1, 7, 0, 0, 0, time.UTC)
+	rep := reconcileReport{Reconciliation: db.Reconciliation{Ran: true, Full: true, At: at,
+		DriftCount: count, ChangedCount: count, DupCount: count, WaitCount: count},
+		DeadLetters: deadLetters{Read: true, Total: count, Old: count}}
+	for i := range held {
+		rep.Drift = append(rep.Drift, db.Drift{Account: fmt.Sprint("acc_", i), Difference: 1})
+		rep.Changed = append(rep.Changed, db.Changed{Account: fmt.Sprint("acc_", i), Difference: 1})
+		rep.Duplicates = append(rep.Duplicates, db.Duplicate{Transfer: fmt.Sprint("t", i), CreatedAt: at, EarlierAt: at})
+		rep.Waiting = append(rep.Waiting, db.Waiting{Transfer: fmt.Sprint("w", i), ReceivedAt: at})
+		rep.DeadLetters.Letters = append(rep.DeadLetters.Letters, deadLetter{EventID: fmt.Sprint("e", i)})
+	}
+	var buf bytes.Buffer
+	logReconcile(slog.New(slog.NewJSONHandler(&buf, nil)), rep)
+	lines := map[string]int{}
+	leftOut := map[string]float64{}
+	var summary map[string]any
+	for _, raw := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var l map[string]any
+		if err := json.Unmarshal([]byte(raw), &l); err != nil {
+			t.Fatal(err)
+		}
+		msg := fmt.Sprint(l["msg"])
+		lines[msg]++
+		switch msg {
+		case "reconcile: findings left out of the log":
+			leftOut[fmt.Sprint(l["kind"])] = l["left_out"].(float64)
+		case "reconciled":
+			summary = l
+		}
+	}
+	for _, msg := range []string{"reconcile: balance drift", "reconcile: transfers changed since the checkpoint", "reconcile: suspected duplicate intent",
+		"reconcile: transition waiting for its creation", "reconcile: dead letter the inbox can no longer prove harmless to replay"} {
+		if lines[msg] != logFirst {
+			t.Errorf("%d lines %q, want %d", lines[msg], msg, logFirst)
+		}
+	}
+	for _, kind := range []string{"drift", "changed", "duplicate", "waiting", "old_dead_letter"} {
+		if leftOut[kind] != count-logFirst {
+			t.Errorf("left out of the log, %s: %v; want %d", kind, leftOut[kind], count-logFirst)
+		}
+	}
+	for _, key := range []string{"drift", "changed_since_checkpoint", "duplicate_intents", "waiting_transitions", "old_dead_letters"} {
+		if summary[key] != float64(count) {
+			t.Errorf("the summary's %s: %v, want %d", key, summary[key], count)
+		}
+	}
+	if n := strings.Count(buf.String(), "\n"); n > 5*(logFirst+1)+1 {
+		t.Errorf("%d lines logged, want at most %d", n, 5*(logFirst+1)+1)
 	}
 }
