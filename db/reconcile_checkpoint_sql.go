@@ -21,10 +21,25 @@ import "fmt"
 // the checkpoint was written (a point-in-time restore, a failover, a cold
 // copy) holds the checkpoint of that point, written there with the
 // transfers it holds, on the same history of transaction ids: it moves
-// back with them and stays exact (adr/0007). What breaks it is a
-// checkpoint that does not come from the same history as the transfers:
-// a dump restored into another cluster, logical replication, tables
-// restored one by one, a row edited by hand.
+// back with them and stays exact (adr/0007).
+//
+// What breaks it is a checkpoint and transfers that do not come from the
+// same history, either way round. The checkpoint copied from another
+// cluster beside transfers (a dump restored into a cluster made anew,
+// logical replication, its table restored on its own) is told here: its
+// row's xmin is the copying transaction. Transfers copied from another
+// cluster beside a checkpoint written here (a data-only restore, a
+// subscription still running into a database that reconciles, the
+// transfer table restored on its own) are not told by this query but
+// before it, by the pass's neutralization (neutralize): it finds the ids
+// this cluster does not see, neutralizes them and forgets the checkpoint
+// (cutoff NULL, forgotten saying why), which this query reads as broken;
+// a copy that took away transfers the checkpoint holds lacks its
+// witnesses. Copied ids that this cluster's snapshots already see look
+// like rows the cut-off counted, and nothing tells them (adr/0007, "What
+// it cannot prove"). An update of the row by hand, a person's mark
+// included, is stamped by the trigger like any other, so it does not
+// break it: a person who wants it made anew marks it (distrust).
 const checkpointQuery = `
 SELECT c.cutoff::text AS cutoff, c.forgotten, c.written_at, c.rebuilt_at, c.full_at, c.swept_to,
        pg_snapshot_xmin(c.cutoff)::text::bigint AS cutoff_xmin,
