@@ -60,6 +60,13 @@ type result struct {
 	// of the drain, from the management API (journalMessages): how well
 	// the one writer combined the lanes' writes.
 	JournalMsgsPerEvent float64 `json:"journal_messages_per_event,omitempty"`
+	// The subject reconciling: the periodic passes its log says it ran
+	// (its "reconciled" lines), how many of them were full ones, and each
+	// one's duration and the transfers it read since the cut-off.
+	ReconcilePasses    int       `json:"reconcile_passes,omitempty"`
+	ReconcileFull      int       `json:"reconcile_full_passes,omitempty"`
+	ReconcileSeconds   []float64 `json:"reconcile_pass_seconds,omitempty"`
+	ReconcileTransfers []int     `json:"reconcile_pass_transfers,omitempty"`
 }
 
 type harness struct {
@@ -69,14 +76,16 @@ type harness struct {
 	amqpURL, mgmtURL, dbURL string
 	events, accounts        int
 	tmp, service, self      string
-	logs                    string // where subjects' logs go: memory when possible
-	baseline                string // another build of the service, or ""
-	userID                  string // the user_id property the backlog is published with, or ""
-	syscalls                bool   // count the consumers' system calls (perf)
-	batch                   int    // BATCH_MAX of the subject "batch"
-	baselineBatch           int    // BATCH_MAX of the subject "baseline"
-	baselineJournal         bool   // the subject "baseline" runs with the journal on
-	steadyRate              int    // events/s of a steady load instead of a backlog, or 0
+	logs                    string        // where subjects' logs go: memory when possible
+	baseline                string        // another build of the service, or ""
+	userID                  string        // the user_id property the backlog is published with, or ""
+	syscalls                bool          // count the consumers' system calls (perf)
+	batch                   int           // BATCH_MAX of the subject "batch"
+	baselineBatch           int           // BATCH_MAX of the subject "baseline"
+	baselineJournal         bool          // the subject "baseline" runs with the journal on
+	steadyRate              int           // events/s of a steady load instead of a backlog, or 0
+	reconcileEvery          time.Duration // RECONCILE_INTERVAL of the subject reconciling
+	recent                  int           // transfers loaded over the last hour before each drain, or 0
 	bodies                  [][]byte
 	keys                    []string
 }
@@ -208,6 +217,24 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 	if err != nil {
 		return r, err
 	}
+	if h.recent > 0 {
+		// An hour of transfers before the drain, for every subject: what
+		// a periodic pass reads for duplicate intents (RECONCILE_WINDOW),
+		// beside what arrived since the pass before.
+		if err := loadRecent(dbURL, h.recent, h.accounts); err != nil {
+			return r, fmt.Errorf("load the last hour's transfers: %w", err)
+		}
+	}
+	if subject == "reconciling" {
+		// The checkpoint made before the drain, as a running service
+		// has one: the passes in the drain are periodic ones, from it,
+		// and not the full pass that makes the first.
+		c := exec.Command(h.service, "reconcile", "--periodic", "--skip-dlq")
+		c.Env = append(os.Environ(), "AMQP_URL="+vhostURL, "DATABASE_URL="+dbURL)
+		if out, err := c.CombinedOutput(); err != nil && c.ProcessState.ExitCode() != 3 { // 3: it found something, and ran
+			return r, fmt.Errorf("the first periodic pass, which makes the checkpoint: %v\n%s", err, out)
+		}
+	}
 	if subject != "dbonly" && h.steadyRate == 0 {
 		if err := h.publish(vhostURL); err != nil {
 			return r, fmt.Errorf("publish the backlog: %w", err)
@@ -229,7 +256,7 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 		fmt.Sprintf("BENCH_QUEUES=%d", queues), fmt.Sprintf("BENCH_EVENTS=%d", h.events),
 		fmt.Sprintf("BENCH_ACCOUNTS=%d", h.accounts))
 	switch subject {
-	case "service", "baseline", "batch", "journal", "batch-journal":
+	case "service", "baseline", "batch", "journal", "batch-journal", "reconciling":
 		bin := h.service
 		if subject == "baseline" {
 			if h.baseline == "" {
@@ -244,9 +271,17 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 		case "baseline":
 			batch = h.baselineBatch
 		}
+		// The periodic reconciliation is off but in the subject
+		// reconciling, which measures it: with its default of a minute,
+		// a drain longer than that would carry passes in some subjects'
+		// runs and not in others'.
+		every := time.Duration(0)
+		if subject == "reconciling" {
+			every = h.reconcileEvery
+		}
 		cmd = exec.Command(bin)
 		env = append(env, "AMQP_URL="+vhostURL, "DATABASE_URL="+dbURL, fmt.Sprintf("QUEUE_COUNT=%d", queues),
-			"HTTP_ADDR="+h.httpAddr(), "INSTANCE_NAME="+name, fmt.Sprintf("BATCH_MAX=%d", batch))
+			"HTTP_ADDR="+h.httpAddr(), "INSTANCE_NAME="+name, fmt.Sprintf("BATCH_MAX=%d", batch), "RECONCILE_INTERVAL="+every.String())
 		if subject == "journal" || subject == "batch-journal" || (subject == "baseline" && h.baselineJournal) {
 			env = append(env, "JOURNAL_STREAM=transfers.journal") // in the run's own vhost
 		}
@@ -457,9 +492,15 @@ func (h *harness) measure(subject string, queues int) (result, error) {
 		if s, err = steady.latency(db); err != nil {
 			return r, err
 		}
-	case subject == "service" || subject == "baseline" || subject == "batch" || subject == "journal" || subject == "batch-journal":
+	case subject == "service" || subject == "baseline" || subject == "batch" || subject == "journal" || subject == "batch-journal" ||
+		subject == "reconciling":
 		if s, err = serviceLatency(logPath); err != nil {
 			return r, err
+		}
+		if subject == "reconciling" {
+			if err := r.readPasses(logPath); err != nil {
+				return r, err
+			}
 		}
 	default:
 		if err := json.Unmarshal(stdout.Bytes(), &s); err != nil {
@@ -508,11 +549,13 @@ func serviceLatency(path string) (summary, error) {
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	for sc.Scan() {
 		var l struct {
-			Us *int64   `json:"duration_us"`
-			Ms *float64 `json:"duration_ms"` // builds before duration_us
+			Msg string   `json:"msg"`
+			Us  *int64   `json:"duration_us"`
+			Ms  *float64 `json:"duration_ms"` // builds before duration_us
 		}
 		switch {
 		case json.Unmarshal(sc.Bytes(), &l) != nil:
+		case l.Msg == "reconciled": // a periodic pass's summary, not an event
 		case l.Us != nil:
 			d = append(d, time.Duration(*l.Us)*time.Microsecond)
 		case l.Ms != nil:
@@ -520,6 +563,36 @@ func serviceLatency(path string) (summary, error) {
 		}
 	}
 	return summarize(d), sc.Err()
+}
+
+// readPasses reads the service's log for its periodic passes' summaries
+// ("reconciled") into r.
+func (r *result) readPasses(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		var l struct {
+			Msg       string  `json:"msg"`
+			Pass      string  `json:"pass"`
+			Transfers int     `json:"transfers"`
+			Ms        float64 `json:"duration_ms"`
+		}
+		if json.Unmarshal(sc.Bytes(), &l) != nil || l.Msg != "reconciled" {
+			continue
+		}
+		r.ReconcilePasses++
+		if l.Pass == "full" {
+			r.ReconcileFull++
+		}
+		r.ReconcileSeconds = append(r.ReconcileSeconds, l.Ms/1000)
+		r.ReconcileTransfers = append(r.ReconcileTransfers, l.Transfers)
+	}
+	return sc.Err()
 }
 
 func tail(b []byte, n int) []byte {

@@ -62,6 +62,8 @@ func main() {
 	batch := flag.Int("batch", 50, "BATCH_MAX of the subject batch (the service; the subject service runs with 1)")
 	baselineBatch := flag.Int("baseline-batch", 1, "BATCH_MAX of the subject baseline")
 	baselineJournal := flag.Bool("baseline-journal", false, "run the subject baseline with the journal on (JOURNAL_STREAM), to weigh a change to the journal")
+	recent := flag.Int("recent", 0, "before each drain, load this many transfers created over the last hour (their balances too), for every subject: the duplicate intents' RECONCILE_WINDOW a periodic pass reads, as after an hour at recent/3600 transfers/s")
+	reconcileEvery := flag.Duration("reconcile-every", time.Minute, "RECONCILE_INTERVAL of the subject reconciling (the service at BATCH_MAX=1 with its periodic reconciliation on, from a checkpoint made before the drain); the service's other subjects run with it off")
 	steady := flag.Int("steady", 0, "instead of draining a backlog, publish -events events at this many per second while the subject runs, and report their latency from publishing to the inbox")
 	userID := flag.Bool("user-id", true, "publish with the user_id property set to the publishing user, as a producer on PRODUCERS' list does (the service then judges and stamps each delivery's producer)")
 	rounds := flag.Int("rounds", 1, "measure every subject this many times at each queue count; the ratios are then of medians")
@@ -127,6 +129,7 @@ func main() {
 	}
 	h.batch, h.baselineBatch, h.steadyRate = *batch, max(*baselineBatch, 1), *steady
 	h.baselineJournal = *baselineJournal
+	h.reconcileEvery, h.recent = *reconcileEvery, *recent
 	defer h.close()
 	onFail = h.close // fail exits without running deferred calls
 	if h.callgrindDir = *callgrind; h.callgrindDir != "" {

@@ -55,7 +55,7 @@ func (h *harness) runReconcileMeasure(transfers, queues int, phase time.Duration
 	}
 	defer db.Close()
 	t0 := time.Now()
-	if err := loadHistory(db, transfers, h.accounts); err != nil {
+	if err := loadHistory(db, transfers, h.accounts, time.Duration(transfers)*time.Second); err != nil {
 		return fmt.Errorf("load the history: %w", err)
 	}
 	res.LoadSeconds = time.Since(t0).Seconds()
@@ -172,11 +172,11 @@ func (h *harness) runReconcileMeasure(transfers, queues int, phase time.Duration
 
 // loadHistory writes transfers rows into transfer, in every state (a third
 // each), over accounts accounts named as the backlog names them, spread
-// over the last transfers seconds, with the balances they make, as if the
+// evenly over the span before now, with the balances they make, as if the
 // service had applied them: reconcile then finds the history consistent.
 // No two rows share an intent: row i goes from account i mod accounts to
 // one that depends on i div accounts too.
-func loadHistory(db *sql.DB, transfers, accounts int) error {
+func loadHistory(db *sql.DB, transfers, accounts int, span time.Duration) error {
 	for _, q := range []string{
 		`INSERT INTO transfer (transfer_id, from_account, to_account, amount_minor, currency, state, created_event_id, created_at, updated_at)
 		 SELECT gen_random_uuid(),
@@ -184,7 +184,7 @@ func loadHistory(db *sql.DB, transfers, accounts int) error {
 		        'acc_' || lpad(((i % $2 + 1 + 7 * (i / $2)) % $2)::text, 5, '0'),
 		        1 + (i * 7907::bigint) % 100000, 'EUR',
 		        (ARRAY['created', 'completed', 'failed'])[1 + i % 3], gen_random_uuid(),
-		        now() - make_interval(secs => $1 - i), now() - make_interval(secs => $1 - i)
+		        now() - make_interval(secs => $3::float8 * ($1 - i) / $1), now() - make_interval(secs => $3::float8 * ($1 - i) / $1)
 		 FROM generate_series(0, $1 - 1) i`,
 		`INSERT INTO balance_projection (account, balance_minor)
 		 SELECT account, sum(delta) FROM (
@@ -195,7 +195,7 @@ func loadHistory(db *sql.DB, transfers, accounts int) error {
 	} {
 		var args []any
 		if strings.Contains(q, "$1") {
-			args = []any{transfers, accounts}
+			args = []any{transfers, accounts, span.Seconds()}
 		}
 		if _, err := db.Exec(q, args...); err != nil {
 			return err
@@ -207,6 +207,17 @@ func loadHistory(db *sql.DB, transfers, accounts int) error {
 		}
 	}
 	return nil
+}
+
+// loadRecent loads transfers over the last hour into the database of
+// dbURL (loadHistory).
+func loadRecent(dbURL string, transfers, accounts int) error {
+	db, err := sql.Open("postgres", dbURL)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	return loadHistory(db, transfers, accounts, time.Hour)
 }
 
 func medianOf(v []float64) float64 {

@@ -61,6 +61,7 @@ func printTable(w io.Writer, results []result) {
 	tw.Flush()
 	printBatchRatios(w, results)
 	printJournalRatios(w, results)
+	printReconcileRatios(w, results)
 	printPerEvent(w, results, "instr/event", instrPerEvent)
 	printPerEvent(w, results, "syscalls/event", func(r result) float64 { return r.SyscallsPerEvent })
 
@@ -292,6 +293,35 @@ func printBatchRatios(w io.Writer, results []result) {
 	for _, q := range queueCounts(results) {
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t\n", q, medianRatio(results, "batch", "service", q, rate),
 			medianRatio(results, "batch", "service", q, p99), medianRatio(results, "batch", "service", q, cpuPerEvent))
+	}
+	tw.Flush()
+}
+
+// printReconcileRatios prints, when the subject reconciling was measured
+// beside the service, how many times its events/s and its CPU per event
+// (the service's and the database's) are the service's, which runs with
+// no periodic pass, and the passes it ran in a drain and their time.
+func printReconcileRatios(w io.Writer, results []result) {
+	if !hasSubject(results, "reconciling") || !hasSubject(results, "service") {
+		return
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "queues\tevents/s reconciling/service\tCPU per event reconciling/service\tdatabase CPU per event\tpasses per drain\tseconds of passes per drain\t")
+	database := func(r result) float64 { return r.CPUDatabase }
+	passes := func(r result) float64 { return float64(r.ReconcilePasses) }
+	seconds := func(r result) float64 {
+		sum := 0.0
+		for _, s := range r.ReconcileSeconds {
+			sum += s
+		}
+		return sum
+	}
+	for _, q := range queueCounts(results) {
+		p, _ := median(results, "reconciling", q, passes)
+		s, _ := median(results, "reconciling", q, seconds)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%.0f\t%.2f\t\n", q, medianRatio(results, "reconciling", "service", q, rate),
+			medianRatio(results, "reconciling", "service", q, cpuPerEvent), medianRatio(results, "reconciling", "service", q, database), p, s)
 	}
 	tw.Flush()
 }
