@@ -54,7 +54,7 @@ type Config struct {
 	InboxTTL         time.Duration `envconfig:"INBOX_TTL" default:"720h" desc:"how long an applied eventId is remembered (adr/0003); older rows are pruned"`
 	PruneInterval    time.Duration `envconfig:"PRUNE_INTERVAL" default:"1m" desc:"how often retention runs (one replica at a time)"`
 	PruneBatch       int           `envconfig:"PRUNE_BATCH" default:"5000" desc:"inbox rows deleted per statement"`
-	ReconcileEvery   time.Duration `envconfig:"RECONCILE_INTERVAL" default:"1h" desc:"how often the service reconciles balances with transfers and looks for duplicate intents and stuck transitions (one replica at a time, adr/0007); 0 never"`
+	ReconcileEvery   time.Duration `envconfig:"RECONCILE_INTERVAL" default:"1m" desc:"how often the service reconciles balances with transfers and looks for duplicate intents and stuck transitions (one replica at a time, adr/0007): a pass reads what arrived since the one before and the last RECONCILE_WINDOW's transfers; 0 never"`
 	ReconcileWindow  time.Duration `envconfig:"RECONCILE_WINDOW" default:"1h" desc:"two creations of one intent (same accounts, amount, currency) under different transferIds at most this far apart are a suspected duplicate"`
 	PendingAfter     time.Duration `envconfig:"RECONCILE_PENDING_AFTER" default:"1h" desc:"a transition waiting for its creation longer than this is reported"`
 	ReconcileFull    time.Duration `envconfig:"RECONCILE_FULL_INTERVAL" default:"168h" desc:"how often a full reconciliation sums every transfer ever made; the periodic ones between add what arrived since the last (adr/0007); 0: only when the checkpoint cannot be trusted"`
