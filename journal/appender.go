@@ -344,9 +344,13 @@ func (a *appender) drain(ctx context.Context) error {
 	unknown := a.kept < 0
 	a.mu.Unlock()
 	if unknown {
-		n, err := a.spill.Kept(ctx, a.queue)
+		runs, err := a.spill.Kept(ctx, a.queue)
 		if err != nil {
 			return err
+		}
+		n := 0
+		for _, r := range runs {
+			n += int(r.Last - r.First + 1)
 		}
 		a.mu.Lock()
 		a.kept = n

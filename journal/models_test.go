@@ -25,6 +25,10 @@ import (
 // it. lose takes back its last commits, as a failover to a standby behind
 // or a restore does.
 type database struct {
+	// mu guards mark and commits, which the spill reads from the lane's
+	// writer's goroutine; the lane's worker, which writes them, reads
+	// them without it.
+	mu      sync.Mutex
 	applied []string // event ids, in the order applied
 	mark    int64
 	at      time.Time
@@ -48,6 +52,8 @@ type commit struct {
 }
 
 func (d *database) lose(n int) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	c := d.commits[len(d.commits)-n]
 	d.commits = d.commits[:len(d.commits)-n]
 	d.mark, d.at, d.applied = c.mark, c.at, d.applied[:c.applied]
@@ -126,6 +132,8 @@ func (l modelLane) ParkMarked(_ context.Context, lt event.OutboxLetter, m event.
 	if err := d.unvouched(m); err != nil {
 		return err
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	d.commits = append(d.commits, commit{d.mark, d.at, len(d.applied)})
 	d.parked = append(d.parked, lt.EventID)
 	d.mark, d.at = m.Last, time.Now()
@@ -153,6 +161,8 @@ func (l modelLane) ApplyMarked(_ context.Context, evs []event.Event, m event.Mar
 			return nil, err
 		}
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	d.commits = append(d.commits, commit{d.mark, d.at, len(d.applied)})
 	if len(evs) > 0 {
 		d.txs++
@@ -338,7 +348,12 @@ func newLane(db *database, s *stream) *Lane {
 	return newLaneWith(db, s, Config{})
 }
 
+// newLaneWith opens a lane over db and s with cfg; a model spill in cfg
+// is db's, which it reads the mark of.
 func newLaneWith(db *database, s *stream, cfg Config) *Lane {
+	if k, ok := cfg.Spill.(*spill); ok && k.db == nil {
+		k.db = db
+	}
 	return makeLane(s, cfg, "q.0", modelLane{db}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 }
 
@@ -392,11 +407,13 @@ func applyAll(t *testing.T, l *Lane, evs []event.Event, batch int) {
 	}
 }
 
-// spill is a model of the database's journal_spill.
+// spill is a model of the database's journal_spill, in its lane's
+// database (db), whose mark it reads.
 type spill struct {
 	mu   sync.Mutex
 	msgs []event.Spilled
 	down error
+	db   *database
 }
 
 func (k *spill) Spill(_ context.Context, _ string, msgs []event.Spilled) error {
@@ -418,17 +435,33 @@ func (k *spill) Spilled(_ context.Context, _ string, limit int) ([]event.Spilled
 	return slices.Clone(k.msgs[:min(limit, len(k.msgs))]), nil
 }
 
-func (k *spill) Kept(context.Context, string) (int, error) {
+func (k *spill) Kept(context.Context, string) ([]event.KeptRun, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.down != nil {
-		return 0, k.down
+		return nil, k.down
 	}
-	n := 0
+	var runs []event.KeptRun
 	for _, m := range k.msgs {
-		n += m.Entries
+		if n := len(runs); n > 0 && m.First <= runs[n-1].Last+1 {
+			runs[n-1].Last = max(runs[n-1].Last, m.Last)
+			continue
+		}
+		runs = append(runs, event.KeptRun{First: m.First, Last: m.Last})
 	}
-	return n, nil
+	return runs, nil
+}
+
+func (k *spill) Mark(context.Context, string) (int64, error) {
+	k.mu.Lock()
+	down := k.down
+	k.mu.Unlock()
+	if down != nil {
+		return 0, down
+	}
+	k.db.mu.Lock()
+	defer k.db.mu.Unlock()
+	return k.db.mark, nil
 }
 
 func (k *spill) Unspill(_ context.Context, _ string, last int64) error {
