@@ -51,13 +51,36 @@ type commit struct {
 	applied int
 }
 
-func (d *database) lose(n int) {
+// lose takes back the last n commits, and returns how many it keeps.
+func (d *database) lose(n int) int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	c := d.commits[len(d.commits)-n]
 	d.commits = d.commits[:len(d.commits)-n]
 	d.mark, d.at, d.applied = c.mark, c.at, d.applied[:c.applied]
 	d.vouched = false // a failover or a restore changes what Vouched reads
+	return len(d.commits)
+}
+
+// loseKept takes back the last n commits, as lose does, and the journal
+// messages k kept after the first of them, as a failover or a restore
+// takes every later write with it; it returns those messages. (Rows the
+// stream took and the writer deleted since stay deleted: a real loss
+// would bring them back, and the writer would write them again.)
+func (d *database) loseKept(n int, k *spill) []event.Spilled {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	held := d.lose(n)
+	var gone []event.Spilled
+	for i := 0; i < len(k.msgs); {
+		if k.at[i] > held {
+			gone = append(gone, k.msgs[i])
+			k.msgs, k.at = slices.Delete(k.msgs, i, i+1), slices.Delete(k.at, i, i+1)
+			continue
+		}
+		i++
+	}
+	return gone
 }
 
 type modelLane struct{ db *database }
@@ -408,10 +431,14 @@ func applyAll(t *testing.T, l *Lane, evs []event.Event, batch int) {
 }
 
 // spill is a model of the database's journal_spill, in its lane's
-// database (db), whose mark it reads.
+// database (db): like Spill, it keeps a message only while the database's
+// mark is at or past its last entry, and it notes after how many of the
+// database's commits each was kept (at), which a loss of commits takes
+// back with them (database.loseKept).
 type spill struct {
 	mu   sync.Mutex
 	msgs []event.Spilled
+	at   []int
 	down error
 	db   *database
 }
@@ -422,7 +449,18 @@ func (k *spill) Spill(_ context.Context, _ string, msgs []event.Spilled) error {
 	if k.down != nil {
 		return k.down
 	}
-	k.msgs = append(k.msgs, msgs...)
+	k.db.mu.Lock()
+	mark, commits := k.db.mark, len(k.db.commits)
+	k.db.mu.Unlock()
+	if last := msgs[len(msgs)-1].Last; mark < last {
+		return fmt.Errorf("the database does not hold the commits of entry %d: its mark is %d", last, mark)
+	}
+	for _, m := range msgs { // in the order of their sequences, each once, as the table's key keeps them
+		i, kept := slices.BinarySearchFunc(k.msgs, m.First, func(o event.Spilled, first int64) int { return cmp.Compare(o.First, first) })
+		if !kept {
+			k.msgs, k.at = slices.Insert(k.msgs, i, m), slices.Insert(k.at, i, commits)
+		}
+	}
 	return nil
 }
 
@@ -470,7 +508,13 @@ func (k *spill) Unspill(_ context.Context, _ string, last int64) error {
 	if k.down != nil {
 		return k.down
 	}
-	k.msgs = slices.DeleteFunc(k.msgs, func(m event.Spilled) bool { return m.Last <= last })
+	for i := 0; i < len(k.msgs); {
+		if k.msgs[i].Last <= last {
+			k.msgs, k.at = slices.Delete(k.msgs, i, i+1), slices.Delete(k.at, i, i+1)
+			continue
+		}
+		i++
+	}
 	return nil
 }
 
