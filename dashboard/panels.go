@@ -87,9 +87,10 @@ func groups() []group {
 					{`sum by (queue) (increase(transferconsumer_journal_stalls_total{` + onQueue + `}[$__rate_interval]))`, "{{queue}} stalls"},
 					{`sum(increase(transferconsumer_journal_restored_total{` + onInstance + `}[$__rate_interval]))`, "entries applied again"}}},
 			lines{title: "Events the journal does not protect", unit: "none",
-				description: "Unprotected: acked events whose entries are kept in the database while the stream does not take them (a failover or restore that loses their commits loses them). Unrestorable: events in neither the database nor the journal; the queue waits for recover --accept-loss.",
+				description: "Unprotected: acked events whose entries are kept in the database while the stream does not take them (a failover or restore that loses their commits loses them). Lost: acked events such a loss took while their entries were kept, in neither the database nor the journal (the ERROR line 'journal: acked events lost' names their sequences). Unrestorable: events in neither the database nor the journal; the queue waits for recover --accept-loss.",
 				queries: []query{
 					{`sum by (queue) (transferconsumer_journal_unprotected_events{` + onQueue + `})`, "{{queue}} unprotected"},
+					{`sum by (queue) (increase(transferconsumer_journal_lost_events_total{` + onQueue + `}[$__rate_interval]))`, "{{queue}} lost"},
 					{`sum by (queue) (transferconsumer_journal_unrestorable_events{` + onQueue + `})`, "{{queue}} unrestorable"},
 					{`sum(increase(transferconsumer_journal_kept_total{` + onInstance + `}[$__rate_interval]))`, "entries kept in the database"}}},
 		}},

@@ -59,7 +59,7 @@ func TestSeriesByQueue(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		n    int
-	}{{"unprotected", count(m.unprotected)}, {"stalls", count(m.stalls)}} {
+	}{{"unprotected", count(m.unprotected)}, {"lost", count(m.lost)}, {"stalls", count(m.stalls)}} {
 		if c.n != 2 {
 			t.Errorf("%d %s series at start, want 2", c.n, c.name)
 		}
@@ -72,6 +72,7 @@ func TestSeriesByQueue(t *testing.T) {
 	m.JournalStalled("transfers.0", 1)
 	m.JournalStalled("transfers.0", 2) // the same stall
 	m.JournalHeld("transfers.1", 3*time.Millisecond)
+	m.JournalLost("transfers.0", 3)
 	for _, c := range []struct {
 		what      string
 		got, want float64
@@ -82,6 +83,8 @@ func TestSeriesByQueue(t *testing.T) {
 		{"poison on transfers.0", value(m.events.WithLabelValues("transfers.0", "dead_lettered", "poison")), 1},
 		{"statement timeouts on transfers.0", value(m.retries.WithLabelValues("transfers.0", db.CauseStatementTimeout)), 1},
 		{"stalls of transfers.0", value(m.stalls.WithLabelValues("transfers.0")), 1},
+		{"lost on transfers.0", value(m.lost.WithLabelValues("transfers.0")), 3},
+		{"lost on transfers.1", value(m.lost.WithLabelValues("transfers.1")), 0},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s: %v, want %v", c.what, c.got, c.want)
@@ -95,7 +98,7 @@ func TestSeriesByQueue(t *testing.T) {
 		t.Errorf("transfers.1's journal holds: %v, %v; want one", h.Histogram, err)
 	}
 	off := NewMetrics(&Health{}, config.Config{QueueCount: 2, Prefix: "transfers"})
-	if n := count(off.held) + count(off.unprotected) + count(off.stalls); n != 0 {
+	if n := count(off.held) + count(off.unprotected) + count(off.lost) + count(off.stalls); n != 0 {
 		t.Errorf("%d journal series without the journal, want none", n)
 	}
 }
