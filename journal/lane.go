@@ -115,7 +115,7 @@ func (l *Lane) ApplyBatch(ctx context.Context, evs []event.Event) ([]event.Outco
 	for again := true; ; again = false {
 		if !l.synced {
 			if _, err := l.recoverAgain(ctx); err != nil {
-				return nil, event.Transient(err)
+				return nil, event.Transient(&restoreError{err})
 			}
 		}
 		m := event.Mark{Queue: l.queue, Prev: l.prev, Last: l.prev + int64(len(evs))}
@@ -169,7 +169,7 @@ func (l *Lane) Park(ctx context.Context, lt event.OutboxLetter) error {
 	for again := true; ; again = false {
 		if !l.synced {
 			if _, err := l.recoverAgain(ctx); err != nil {
-				return event.Transient(err)
+				return event.Transient(&restoreError{err})
 			}
 		}
 		m := event.Mark{Queue: l.queue, Prev: l.prev, Last: l.prev + 1}
