@@ -90,9 +90,10 @@ type promServer struct {
 }
 
 // startPrometheus runs bin with the repository's prometheus/prometheus.yml,
-// scraping service (host:port) and the broker's plugin at rabbit for vhost
-// every second, and evaluating the alert rules as often; it waits until
-// the server is ready, and kills it when the test ends.
+// scraping service (host:port) and the broker's plugin at rabbit (its
+// per-queue series for vhost, and its node's alarms) every second, and
+// evaluating the alert rules as often; it waits until the server is
+// ready, and kills it when the test ends.
 func startPrometheus(t *testing.T, bin, service, rabbit, vhost string) *promServer {
 	t.Helper()
 	raw, err := os.ReadFile("../prometheus/prometheus.yml")
@@ -114,7 +115,9 @@ func startPrometheus(t *testing.T, bin, service, rabbit, vhost string) *promServ
 		target := service
 		if job["job_name"] != "transferconsumer" {
 			target = rabbit
-			job["params"].(map[string]any)["vhost"] = []any{vhost}
+			if params, ok := job["params"].(map[string]any); ok && params["vhost"] != nil {
+				params["vhost"] = []any{vhost}
+			}
 		}
 		job["static_configs"] = []any{map[string]any{"targets": []any{target}}}
 	}
