@@ -85,9 +85,10 @@ func makeLane(s store, cfg Config, queue string, inner event.MarkedLane, log *sl
 const DefaultKeepAfter = 3 * time.Second
 
 // Journaled returns what is closed once the entries of every transaction
-// the lane has committed so far are confirmed by the broker: until then,
-// the worker acks none of their events. Nil when all are confirmed. It
-// implements the consumer's journaledLane.
+// the lane has committed so far are held: confirmed by the stream, or,
+// while the stream does not take them, kept in the database (appender).
+// Until then, the worker acks none of their events. Nil when all are
+// held. It implements the consumer's journaledLane.
 func (l *Lane) Journaled() <-chan struct{} { return l.out.journaled() }
 
 // Apply applies ev, as the inner lane would, and journals it.
@@ -104,18 +105,19 @@ func (l *Lane) Apply(ctx context.Context, ev event.Event) (event.Result, error) 
 // never applied again, those dead-lettered in that transaction (producer
 // conflicts). It returns once the transaction committed, with the entries
 // on their way to the stream (appender): the worker acks them once
-// Journaled says they are confirmed, and applies its next events
-// meanwhile. An error means nothing was committed. A database that came back
-// without commits it had (a failover, a restore) is found by the first
-// transaction on it, which fails with event.ErrJournalGap: the lane then
-// reads the journal again and applies what is missing first.
+// Journaled says they are held (confirmed by the stream, or kept in the
+// database), and applies its next events meanwhile. An error means
+// nothing was committed. A database that came back without commits it had
+// (a failover, a restore) is found by the first transaction on it, which
+// fails with event.ErrJournalGap: the lane then reads the journal again
+// and applies what is missing first.
 func (l *Lane) ApplyBatch(ctx context.Context, evs []event.Event) ([]event.Outcome, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for again := true; ; again = false {
 		if !l.synced {
 			if _, err := l.recoverAgain(ctx); err != nil {
-				return nil, event.Transient(err)
+				return nil, event.Transient(&restoreError{err})
 			}
 		}
 		m := event.Mark{Queue: l.queue, Prev: l.prev, Last: l.prev + int64(len(evs))}
@@ -185,7 +187,7 @@ func (l *Lane) Park(ctx context.Context, lt event.OutboxLetter) error {
 	for again := true; ; again = false {
 		if !l.synced {
 			if _, err := l.recoverAgain(ctx); err != nil {
-				return event.Transient(err)
+				return event.Transient(&restoreError{err})
 			}
 		}
 		m := event.Mark{Queue: l.queue, Prev: l.prev, Last: l.prev + 1}
