@@ -115,7 +115,7 @@ func serve(ctx context.Context, cfg config.Config, migrations fs.FS, stderr io.W
 	var svc *consumer.Service // the journal's lanes report to it; they open once it runs
 	if cfg.JournalStream != "" {
 		jcfg := cfg.Journal()
-		jcfg.Reports = journal.Reports{Restored: m.Restored, Unprotected: m.Unprotected, Read: m.JournalRead, Held: m.JournalHeld,
+		jcfg.Reports = journal.Reports{Restored: m.Restored, Unprotected: m.Unprotected, Lost: m.JournalLost, Read: m.JournalRead, Held: m.JournalHeld,
 			Stalled: func(q string, since time.Time, attempts int, id string, err error) {
 				m.JournalStalled(q, attempts)
 				svc.JournalStalled(q, since, attempts, id, err)

@@ -392,7 +392,7 @@ func ReconcileLoop(ctx context.Context, database *sqlx.DB, cfg config.Config, m 
 		case err == nil && rep.Ran:
 			m.Reconciled(observe.Reconciliation{Drift: rep.DriftCount, Duplicates: rep.DupCount, Waiting: rep.WaitCount,
 				Changed: rep.ChangedCount, OldLetters: oldLetters(rep.DeadLetters), Took: rep.Duration, Full: rep.Full,
-				LastFull: lastFull(rep.Reconciliation), OldestFinding: rep.OldestFinding})
+				LastFull: lastFull(rep.Reconciliation), OldestFinding: rep.OldestFinding, Checkpoint: rep.Checkpoint.TrustReason()})
 			logReconcile(log, rep)
 		}
 	}

@@ -41,8 +41,8 @@ type command struct {
 	// and the environment's last failure.
 	Blocked *inHand
 	Err     error
-	// Await (cmdNone, cmdWait): the journal ticket whose confirm the
-	// settlements in hand wait for (then journaled); 0: none.
+	// Await (cmdNone, cmdWait): the journal ticket the settlements in
+	// hand wait for the journal to hold (then journaled); 0: none.
 	Await uint64
 }
 

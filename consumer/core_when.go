@@ -6,8 +6,9 @@ import (
 	"transferconsumer/event"
 )
 
-// When the core's settlements go, and what ends them: the journal's
-// confirms, the session's end, the shutdown timeout, the broker's cancel,
+// When the core's settlements go, and what ends them: the journal holding
+// the entries (confirmed by its stream, or kept in the database during an
+// alarm), the session's end, the shutdown timeout, the broker's cancel,
 // the channel's loss. The way raft is told what its storage made durable,
 // the core is told which journal ticket the deliveries of the command
 // under way wait for (journaling) and up to which ticket the journal
@@ -40,7 +41,8 @@ func (c *core) journaling(ticket uint64) {
 // journaled: the journal holds everything committed up to ticket.
 func (c *core) journaled(ticket uint64) { c.journaledTo = max(c.journaledTo, ticket) }
 
-// held reports whether the journal holds what s's settlement waits for.
+// journalHolds reports whether the journal holds what s's settlement
+// waits for.
 func (c *core) journalHolds(s *inHand) bool { return s.Ticket <= c.journaledTo }
 
 // awaiting returns the ticket the first delivery in hand waits for when

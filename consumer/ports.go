@@ -74,8 +74,8 @@ type loopPort interface {
 	arm(d time.Duration)
 	// next waits for the next loopEvent; the session's end (or, once it
 	// was told, the shutdown timeout's) is one when ended is closed, and
-	// the journal's confirm of the ticket the core awaits one when
-	// journaled is (nil: not watched).
+	// the journal holding the ticket the core awaits one when journaled
+	// is (nil: not watched).
 	next(ended, journaled <-chan struct{}) loopEvent
 	// arrived returns a delivery that has arrived already, without
 	// waiting: the worker gathers a batch with it.

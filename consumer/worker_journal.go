@@ -3,8 +3,9 @@ package consumer
 import "transferconsumer/event"
 
 // With the journal (a journaledLane), a transaction's events are acked
-// only once the broker confirmed its entries in the journal's stream, and
-// the worker applies its next events meanwhile. The core decides when
+// only once its entries are held: confirmed by the journal's stream, or,
+// while the stream does not take them (a broker alarm), kept in the
+// database (adr/0014); the worker applies its next events meanwhile. The core decides when
 // (core_when.go): the worker gives it a ticket for what each apply or
 // park committed, watches the ticket the core's command names (Await),
 // and tells the core once the journal holds it. A settlement that can no
@@ -17,8 +18,8 @@ import "transferconsumer/event"
 // BATCH_MAX (1 unless batches are on), so that what the broker gave us is
 // the batch in hand at most, and a crash returns one batch. With the
 // journal, twice that, at BATCH_MAX 1 too: a batch's acks (an event's)
-// wait for the journal's confirm while the next is applied, and the
-// broker must have let that one come (BENCHMARKS.md, "The journal"). The
+// wait for the journal to hold its entries while the next is applied, and
+// the broker must have let that one come (BENCHMARKS.md, "The journal"). The
 // one worker still applies them one after the other, in the queue's
 // order.
 func prefetchFor(batchMax int, lane event.Lane) int {
@@ -30,12 +31,11 @@ func prefetchFor(batchMax int, lane event.Lane) int {
 }
 
 // awaitJournal tells the core, after an apply or a park, the ticket its
-// deliveries' settlements wait for: the confirm of the entries of every
-// transaction committed so far. An attempt that failed may have committed
-// (a producer conflict, the answer to a COMMIT lost); one that did not
-// makes them wait for earlier ones, which their settlement, in order,
-// does anyway. A lane that has nothing unconfirmed holds every ticket
-// given so far.
+// deliveries' settlements wait for: the entries of every transaction
+// committed so far, held. An attempt that failed may have committed (a
+// producer conflict, the answer to a COMMIT lost); one that did not makes
+// them wait for earlier ones, which their settlement, in order, does
+// anyway. A lane that has nothing unheld holds every ticket given so far.
 func (w *worker) awaitJournal() {
 	jl, ok := w.lane.(journaledLane)
 	if !ok {

@@ -9,6 +9,18 @@ func quantile(q, histogram, sel string) string {
 	return "histogram_quantile(" + q + ", sum by (le) (rate(" + histogram + "_bucket{" + sel + "}[$__rate_interval])))"
 }
 
+// alarm is whether any node of the RabbitMQ cluster that serves the
+// vhost's queues has the alarm of series on (one of the plugin's
+// rabbitmq_alarms_* series, which it exports at /metrics, not at
+// /metrics/detailed): an alarm on any node blocks every publish
+// of the cluster. Each node's cluster is its rabbitmq_identity_info's,
+// which both endpoints export, so that the two scrapes meet by cluster
+// whatever their targets are named.
+func alarm(series string) string {
+	return `max by (rabbitmq_cluster) (` + series + ` * on (instance, job) group_left (rabbitmq_cluster) rabbitmq_identity_info)` +
+		` and on (rabbitmq_cluster) (rabbitmq_identity_info and on (instance, job) rabbitmq_detailed_queue_messages{vhost=~"$vhost"})`
+}
+
 func groups() []group {
 	return []group{
 		{"Events", []panel{
@@ -34,6 +46,11 @@ func groups() []group {
 				queries: []query{{
 					`(time() - (transferconsumer_queue_blocked_since_seconds{` + onQueue + `} > 0)) * on (instance, queue) group_left (reason, class) transferconsumer_queue_blocked_reason{` + onQueue + `}`,
 					"{{queue}} {{reason}}"}}},
+			lines{title: "Blocked queues by reason", unit: "none",
+				description: "How many queues were blocked, over time, by reason: the database's (statement-timeout, unavailable, read-only, …), the journal's (journal-stalled: neither the stream nor the database takes its entries; journal-unread, journal-unvouched: it must read the journal and cannot; journal-restore; journal-unrestorable: it waits for recover --accept-loss), panic, unknown.",
+				queries: []query{{
+					`count by (reason) (transferconsumer_queue_blocked_reason{` + onQueue + `})`,
+					"{{reason}}"}}},
 			lines{title: "Retries in place by reason", unit: "ops",
 				description: "Transient failures retried without returning the message, by queue and reason (statement-timeout, unavailable, read-only, no-sync-standby, …).",
 				queries: []query{{
@@ -69,6 +86,11 @@ func groups() []group {
 					{`max(transferconsumer_reconcile_duplicate_intents{` + onInstance + `})`, "duplicate intents"},
 					{`max(transferconsumer_reconcile_waiting_transitions{` + onInstance + `})`, "transitions waiting"},
 					{`max(transferconsumer_reconcile_old_dead_letters{` + onInstance + `})`, "dead letters past INBOX_TTL"}}},
+			rows{title: "Reconciliation checkpoint", value: "trusted",
+				description: "Whether the last periodic pass of each instance trusted the checkpoint (1) and started from it, or not (0) and made it anew in a full pass, and why: none (the first pass), forgotten (it neutralized another cluster's transaction ids), copied (a dump restored, logical replication), incomplete, transfers-gone (the transfer table restored, or changed by hand), marked (the standby's full pass found transfers changed since it, or a person marked it). The log's reconciled line has the words (checkpoint_not_trusted).",
+				queries: []query{{
+					`transferconsumer_reconcile_checkpoint_trusted{` + onInstance + `} >= 0`,
+					"{{instance}} {{reason}}"}}},
 			figure{title: "Last reconciliation", unit: "s", red: ptr(3 * 3600.0),
 				description: "How long ago the last pass of any replica ended, and how long it took. Nothing before a first run (a minute after start, then every RECONCILE_INTERVAL).",
 				queries: []query{
@@ -87,11 +109,17 @@ func groups() []group {
 					{`sum by (queue) (increase(transferconsumer_journal_stalls_total{` + onQueue + `}[$__rate_interval]))`, "{{queue}} stalls"},
 					{`sum(increase(transferconsumer_journal_restored_total{` + onInstance + `}[$__rate_interval]))`, "entries applied again"}}},
 			lines{title: "Events the journal does not protect", unit: "none",
-				description: "Unprotected: acked events whose entries are kept in the database while the stream does not take them (a failover or restore that loses their commits loses them). Unrestorable: events in neither the database nor the journal; the queue waits for recover --accept-loss.",
+				description: "Unprotected: acked events whose entries are kept in the database while the stream does not take them (a failover or restore that loses their commits loses them). Lost: acked events such a loss took while their entries were kept, in neither the database nor the journal (the ERROR line 'journal: acked events lost' names their sequences). Unrestorable: events in neither the database nor the journal; the queue waits for recover --accept-loss.",
 				queries: []query{
 					{`sum by (queue) (transferconsumer_journal_unprotected_events{` + onQueue + `})`, "{{queue}} unprotected"},
+					{`sum by (queue) (increase(transferconsumer_journal_lost_events_total{` + onQueue + `}[$__rate_interval]))`, "{{queue}} lost"},
 					{`sum by (queue) (transferconsumer_journal_unrestorable_events{` + onQueue + `})`, "{{queue}} unrestorable"},
 					{`sum(increase(transferconsumer_journal_kept_total{` + onInstance + `}[$__rate_interval]))`, "entries kept in the database"}}},
+			lines{title: "Journal reads", unit: "Bps",
+				description: "Bytes of journal messages the reads of the stream passed over, by instance: at start, after the database lost commits, when the database cannot vouch for a queue's mark, at a handover. What a restore or a handover costs the broker; a read that goes far back (JOURNAL_CLOCK_SKEW, an idle queue's old mark) shows here.",
+				queries: []query{{
+					`sum by (instance) (rate(transferconsumer_journal_read_bytes_total{` + onInstance + `}[$__rate_interval]))`,
+					"{{instance}}"}}},
 		}},
 		{"Database", []panel{
 			figure{title: "Database and its standby",
@@ -131,6 +159,12 @@ func groups() []group {
 				queries: []query{
 					{`sum by (queue) (rabbitmq_detailed_queue_messages_ready{` + onBroker + `})`, "{{queue}} ready"},
 					{`sum by (queue) (rabbitmq_detailed_queue_messages_unacked{` + onBroker + `})`, "{{queue}} unacked"}}},
+			lines{title: "Broker alarms", unit: "none",
+				description: "1 while a node of the cluster serving the vhost has its memory, disk or file descriptor alarm on (rabbitmq_prometheus's /metrics; prometheus/prometheus.yml scrapes it). A memory or disk alarm blocks every publish: the journal then keeps its entries in the database (Events the journal does not protect), and dead letters wait in the outbox.",
+				queries: []query{
+					{alarm("rabbitmq_alarms_memory_used_watermark"), "{{rabbitmq_cluster}} memory"},
+					{alarm("rabbitmq_alarms_free_disk_space_watermark"), "{{rabbitmq_cluster}} disk"},
+					{alarm("rabbitmq_alarms_file_descriptor_limit"), "{{rabbitmq_cluster}} file descriptors"}}},
 			lines{title: "Consumers per queue", unit: "none",
 				description: "Consumers attached to each partition queue: one per replica, of which single active consumer lets one take deliveries.",
 				queries: []query{{

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"transferconsumer/event"
 )
@@ -99,17 +100,48 @@ func (in *Inbox) Unspill(ctx context.Context, queue string, last int64) error {
 	return nil
 }
 
-// Kept counts the entries of queue's kept journal messages. It implements
-// event.JournalSpill.
-func (in *Inbox) Kept(ctx context.Context, queue string) (int, error) {
+// Kept returns the sequences of queue's kept journal messages, as runs
+// of consecutive sequences, oldest first, each with when its first
+// message was kept: the messages of one run follow each other without a
+// gap (a message that overlaps the run so far joins it too). It
+// implements event.JournalSpill.
+func (in *Inbox) Kept(ctx context.Context, queue string) ([]event.KeptRun, error) {
 	var b strings.Builder
-	b.WriteString("SELECT coalesce(sum(entries), 0) FROM journal_spill WHERE queue = ")
+	b.WriteString("SELECT min(first_seq) AS first, max(last_seq) AS last, min(at) AS at FROM (" +
+		"SELECT first_seq, last_seq, at, count(*) FILTER (WHERE first_seq > coalesce(reach, first_seq - 2) + 1) OVER (ORDER BY first_seq) AS run FROM (" +
+		"SELECT first_seq, last_seq, at, max(last_seq) OVER (ORDER BY first_seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reach " +
+		"FROM journal_spill WHERE queue = ")
 	writeText(&b, queue)
-	var n int
-	if err := in.db.GetContext(ctx, &n, b.String()); err != nil {
-		return 0, fmt.Errorf("count the journal entries of %s kept in the database: %w", queue, translate(err))
+	b.WriteString(") m) r GROUP BY run ORDER BY first")
+	var rows []struct {
+		First int64     `db:"first"`
+		Last  int64     `db:"last"`
+		At    time.Time `db:"at"`
 	}
-	return n, nil
+	if err := in.db.SelectContext(ctx, &rows, b.String()); err != nil {
+		return nil, fmt.Errorf("read which journal entries of %s are kept in the database: %w", queue, translate(err))
+	}
+	out := make([]event.KeptRun, len(rows))
+	for i, r := range rows {
+		out[i] = event.KeptRun{First: r.First, Last: r.Last, At: r.At}
+	}
+	return out, nil
+}
+
+// Mark returns queue's journal mark (0 for a queue never marked): the
+// journal's writer reads it when messages it kept are gone, to tell
+// whether their commits went with them. It implements
+// event.JournalSpill.
+func (in *Inbox) Mark(ctx context.Context, queue string) (int64, error) {
+	var b strings.Builder
+	b.WriteString("SELECT coalesce((SELECT seq FROM journal_mark WHERE queue = ")
+	writeText(&b, queue)
+	b.WriteString("), 0)")
+	var seq int64
+	if err := in.db.GetContext(ctx, &seq, b.String()); err != nil {
+		return 0, fmt.Errorf("read the journal mark of %s: %w", queue, translate(err))
+	}
+	return seq, nil
 }
 
 // ParkMarked parks l, a dead letter, in dead_letter_outbox as Park does,

@@ -2,6 +2,8 @@ package db
 
 import (
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -86,8 +88,8 @@ func TestJournalMarkMovesWithItsTransaction(t *testing.T) {
 }
 
 // The journal's spill keeps a queue's messages, hands them back oldest
-// first and counts their entries, takes one kept twice once, and deletes
-// them up to a sequence; the body comes back byte for byte. It keeps only
+// first and says which entries it keeps, takes one kept twice once, and
+// deletes them up to a sequence; the body comes back byte for byte. It keeps only
 // what the database holds the commits of: messages above the queue's mark
 // (a failover took their commits back) are refused, and nothing is kept.
 func TestJournalSpillKeepsAQueuesMessagesInOrder(t *testing.T) {
@@ -104,8 +106,8 @@ func TestJournalSpillKeepsAQueuesMessagesInOrder(t *testing.T) {
 	if err := in.Spill(t.Context(), queue, above); err == nil || !strings.Contains(err.Error(), "does not hold their commits") {
 		t.Fatalf("kept a message above the mark: %v", err)
 	}
-	if n, err := in.Kept(t.Context(), queue); n != 0 || err != nil {
-		t.Fatalf("%d entries kept above the mark (%v), want 0", n, err)
+	if runs, err := in.Kept(t.Context(), queue); len(runs) != 0 || err != nil {
+		t.Fatalf("entries kept above the mark: %v (%v), want none", runs, err)
 	}
 	body := func(n int) []byte { return []byte(strings.Repeat("\x00'\\x", n)) }
 	msgs := []event.Spilled{{First: 5, Last: 7, Entries: 3, Body: body(1)}, {First: 8, Last: 8, Entries: 1, Body: body(2)}}
@@ -121,8 +123,8 @@ func TestJournalSpillKeepsAQueuesMessagesInOrder(t *testing.T) {
 	if err != nil || len(got) != 2 || got[0].First != 5 || got[1].Last != 8 || string(got[1].Body) != string(body(2)) {
 		t.Fatalf("kept %+v, %v; want 5-7 then 8, as written", got, err)
 	}
-	if n, err := in.Kept(t.Context(), queue); n != 4 || err != nil {
-		t.Fatalf("%d entries kept (%v), want 4", n, err)
+	if runs, err := in.Kept(t.Context(), queue); spans(runs) != "5-8" || err != nil {
+		t.Fatalf("kept %v (%v), want 5-8", runs, err)
 	}
 	if err := in.Unspill(t.Context(), queue, 7); err != nil {
 		t.Fatal(err)
@@ -130,9 +132,76 @@ func TestJournalSpillKeepsAQueuesMessagesInOrder(t *testing.T) {
 	if got, _ := in.Spilled(t.Context(), queue, 10); len(got) != 1 || got[0].First != 8 {
 		t.Fatalf("after deleting up to 7: %+v, want 8 alone", got)
 	}
-	if n, _ := in.Kept(t.Context(), other); n != 3 {
-		t.Fatalf("the other queue's kept entries: %d, want 3", n)
+	if runs, _ := in.Kept(t.Context(), other); spans(runs) != "5-7" {
+		t.Fatalf("the other queue's kept entries: %v, want 5-7", runs)
 	}
+}
+
+// Kept says which entries a queue's kept messages hold, as runs of
+// consecutive sequences, each with when its first message was kept:
+// messages that follow each other or overlap make one run, a gap begins
+// another; other queues' messages are no part of it. Mark reads the queue's journal mark, 0 for a queue never marked:
+// the journal's writer compares it with kept entries that are gone.
+func TestJournalSpillSaysWhichEntriesItKeepsAndTheMark(t *testing.T) {
+	in := NewInbox(testDB(t, 4))
+	queue, other := "q-'\\"+newID(), "q-"+newID()
+	if seq, err := in.Mark(t.Context(), queue); seq != 0 || err != nil {
+		t.Fatalf("the mark of a queue never marked: %d (%v), want 0", seq, err)
+	}
+	for q, seq := range map[string]int{queue: 40, other: 7} {
+		in.db.MustExec(`INSERT INTO journal_mark (queue, seq) VALUES ($1, $2)`, q, seq)
+	}
+	if seq, err := in.Mark(t.Context(), queue); seq != 40 || err != nil {
+		t.Fatalf("the mark: %d (%v), want 40", seq, err)
+	}
+	msg := func(first, last int64) event.Spilled {
+		return event.Spilled{First: first, Last: last, Entries: int(last - first + 1), Body: []byte("[]")}
+	}
+	for _, s := range []struct {
+		q    string
+		msgs []event.Spilled
+	}{
+		// Out of order, over several calls: 3-4 5 6-9 | 12-13 | 20-22 21-25 26.
+		{queue, []event.Spilled{msg(12, 13), msg(3, 4)}},
+		{queue, []event.Spilled{msg(5, 5), msg(6, 9)}},
+		{queue, []event.Spilled{msg(20, 22), msg(21, 25), msg(26, 26)}},
+		{other, []event.Spilled{msg(1, 2), msg(4, 4)}},
+	} {
+		if err := in.Spill(t.Context(), s.q, s.msgs); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runs, err := in.Kept(t.Context(), queue)
+	if spans(runs) != "3-9 12-13 20-26" || err != nil {
+		t.Fatalf("kept %v (%v), want 3-9, 12-13 and 20-26", runs, err)
+	}
+	// 3-9's first message, 3-4, was kept in the first statement, with
+	// 12-13, and before 5-9.
+	if runs[0].At.IsZero() || !runs[0].At.Equal(runs[1].At) || !runs[2].At.After(runs[0].At) {
+		t.Errorf("kept at %v, %v, %v: want the first two at once, the third after", runs[0].At, runs[1].At, runs[2].At)
+	}
+	if runs, err := in.Kept(t.Context(), other); spans(runs) != "1-2 4" || err != nil {
+		t.Fatalf("the other queue kept %v (%v), want 1-2 and 4", runs, err)
+	}
+	if err := in.Unspill(t.Context(), queue, 13); err != nil {
+		t.Fatal(err)
+	}
+	if runs, err := in.Kept(t.Context(), queue); spans(runs) != "20-26" || err != nil {
+		t.Fatalf("after deleting up to 13: kept %v (%v), want 20-26", runs, err)
+	}
+}
+
+// spans writes runs as "3-9 12-13 20".
+func spans(runs []event.KeptRun) string {
+	var out []string
+	for _, r := range runs {
+		if r.First == r.Last {
+			out = append(out, strconv.FormatInt(r.First, 10))
+		} else {
+			out = append(out, fmt.Sprintf("%d-%d", r.First, r.Last))
+		}
+	}
+	return strings.Join(out, " ")
 }
 
 // A dead letter parked with the journal's mark is in the outbox and the

@@ -87,9 +87,25 @@ type JournalSpill interface {
 	// Spilled returns up to limit of the queue's kept messages, in the
 	// order of their sequences.
 	Spilled(ctx context.Context, queue string, limit int) ([]Spilled, error)
-	// Kept counts the entries of the queue's kept messages.
-	Kept(ctx context.Context, queue string) (int, error)
+	// Kept returns the sequences of the queue's kept messages, as runs of
+	// consecutive sequences in ascending order: what the journal's writer
+	// then counts as kept (and unprotected), and looks for again when
+	// their messages are gone from the database.
+	Kept(ctx context.Context, queue string) ([]KeptRun, error)
 	// Unspill deletes the queue's kept messages up to sequence last, once
 	// the stream confirmed them.
 	Unspill(ctx context.Context, queue string, last int64) error
+	// Mark returns the queue's journal mark as the database holds it (0
+	// for a queue never marked). Kept messages that are gone while the
+	// mark is below their entries went with their commits (a failover, a
+	// restore): their entries are in neither the stream nor the database.
+	Mark(ctx context.Context, queue string) (int64, error)
+}
+
+// KeptRun is a run of a queue's kept journal entries, First … Last, each
+// sequence of it kept once, and when its first message was kept (the
+// database's clock): its events were acked since.
+type KeptRun struct {
+	First, Last int64
+	At          time.Time
 }

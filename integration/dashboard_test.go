@@ -15,13 +15,16 @@ import (
 // The dashboard (prometheus/dashboard.json) against a real Prometheus
 // (Debian's prometheus package, with prometheus/prometheus.yml and the
 // alert rules), scraping the built service and the broker's
-// rabbitmq_prometheus plugin for the test's vhost, under a small load with
-// one poison message and one queue blocked: a row lock the test holds
-// makes each attempt of its event run into APPLY_TIMEOUT. Every query of
-// every panel, and every variable's, is evaluated through the HTTP API:
-// each parses, each series it names is one Prometheus scraped from the
-// service or the plugin, and the panels the load moves show it. Every
-// alert rule evaluates without an error.
+// rabbitmq_prometheus plugin for the test's vhost and the node's alarms,
+// under a small load with one poison message and one queue blocked: a row
+// lock the test holds makes each attempt of its event run into
+// APPLY_TIMEOUT; the periodic reconciliation runs every 2 s. Every query
+// of every panel, and every variable's, is evaluated through the HTTP
+// API: each parses, each series it names is one Prometheus scraped from
+// the service or the plugin, and the panels the load moves show it; each
+// of the broker's alarms is found for the cluster serving the vhost (on
+// or off: the test raises none, others may). Every alert rule evaluates
+// without an error.
 func TestTheDashboardAgainstARealPrometheus(t *testing.T) {
 	parallel(t)
 	bin := prometheusPath(t)
@@ -30,14 +33,14 @@ func TestTheDashboardAgainstARealPrometheus(t *testing.T) {
 	e := newEnv(t)
 	e.declare(2)
 	proc := startProcess(t, e.serviceEnv(2, "INSTANCE_NAME="+e.name+"-svc", "APPLY_TIMEOUT=1s", "BATCH_MAX=5",
-		"JOURNAL_STREAM="+prefix+".journal"))
+		"JOURNAL_STREAM="+prefix+".journal", "RECONCILE_INTERVAL=2s"))
 	proc.waitConsuming(1)
 	service := strings.TrimPrefix(proc.httpAddr(), "http://")
 	t.Logf("%s: the service consumes", time.Since(began).Round(time.Millisecond))
 	prom := startPrometheus(t, bin, service, rabbit, e.vhost)
-	waitFor(t, 30*time.Second, "both targets scraped", func() bool {
+	waitFor(t, 30*time.Second, "every target scraped", func() bool {
 		up, err := prom.query(`up`)
-		return err == nil && len(up) == 2 && up[0].value() == 1 && up[1].value() == 1
+		return err == nil && len(up) == 3 && !slices.ContainsFunc(up, func(s sample) bool { return s.value() != 1 })
 	})
 
 	// The load: events among a few accounts, one poison message, and the
@@ -53,7 +56,7 @@ func TestTheDashboardAgainstARealPrometheus(t *testing.T) {
 	e.publishMany(40, 6)
 	e.publishRaw(prefix, "acc_poison_"+e.name, []byte(`{"eventId": "not json`), "")
 	waitFor(t, 30*time.Second, "the poison dead-lettered", func() bool { return proc.count("outcome", "dead_lettered") == 1 })
-	t.Logf("%s: Prometheus scrapes both targets; the load is published", time.Since(began).Round(time.Millisecond))
+	t.Logf("%s: Prometheus scrapes every target; the load is published", time.Since(began).Round(time.Millisecond))
 	for i := 0; i < 12; i++ {
 		e.publish(newTransfer(blocked, fmt.Sprintf("acc_%02d_%s", i%6, e.name), 1))
 	}
@@ -62,7 +65,7 @@ func TestTheDashboardAgainstARealPrometheus(t *testing.T) {
 	values := map[string]string{"instance": service, "queue": ".*", "vhost": e.vhost, "__rate_interval": "5m"}
 	// The panels this load must move: each shows a value other than 0.
 	moved := []string{"Events per second by queue and outcome", "Apply latency", "Batch size", "Blocked queues",
-		"Retries in place by reason", "Dead-letter queue depth", "Dead letters by class", "Journal hold time",
+		"Blocked queues by reason", "Reconciliation checkpoint", "Retries in place by reason", "Dead-letter queue depth", "Dead letters by class", "Journal hold time",
 		"Database and its standby", "Connection pool", "Statement timeouts", "Replicas", "Queues by instance",
 		"Queue depth", "Consumers per queue"}
 	for _, title := range moved {
@@ -97,15 +100,17 @@ func TestTheDashboardAgainstARealPrometheus(t *testing.T) {
 
 	t.Logf("%s: every panel the load moves shows it", time.Since(began).Round(time.Millisecond))
 
-	// Every query parses and names only series that were scraped.
+	// Every query parses and names only series that were scraped (the
+	// labels a query groups or matches by, rabbitmq_cluster, are none).
 	scraped := prom.names()
 	named := regexp.MustCompile(`\b(?:transferconsumer|go_sql|rabbitmq)_[a-z_]+\b`)
+	grouping := regexp.MustCompile(`\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)`)
 	for _, p := range board.panels {
 		for _, expr := range p.exprs {
 			if _, err := prom.query(substitute(expr, values)); err != nil {
 				t.Errorf("panel %q: %s: %v", p.title, expr, err)
 			}
-			for _, name := range named.FindAllString(expr, -1) {
+			for _, name := range named.FindAllString(grouping.ReplaceAllString(expr, ""), -1) {
 				if !scraped[name] {
 					t.Errorf("panel %q reads %s, which neither the service nor the plugin exports", p.title, name)
 				}
@@ -116,6 +121,17 @@ func TestTheDashboardAgainstARealPrometheus(t *testing.T) {
 		got, err := prom.query(substitute(selector, values))
 		if err != nil || len(got) == 0 {
 			t.Errorf("variable %s: %s finds nothing (%v)", name, selector, err)
+		}
+	}
+
+	// Each of the broker's alarms, for the cluster serving the vhost.
+	alarms := slices.IndexFunc(board.panels, func(p boardPanel) bool { return p.title == "Broker alarms" })
+	if alarms < 0 {
+		t.Fatal("the dashboard has no panel \"Broker alarms\"")
+	}
+	for _, expr := range board.panels[alarms].exprs {
+		if got, err := prom.query(substitute(expr, values)); err != nil || len(got) != 1 || got[0].Metric["rabbitmq_cluster"] == "" {
+			t.Errorf("panel \"Broker alarms\": %s: %v (%v), want the cluster's alarm, on or off", expr, got, err)
 		}
 	}
 

@@ -90,9 +90,11 @@ type promServer struct {
 }
 
 // startPrometheus runs bin with the repository's prometheus/prometheus.yml,
-// scraping service (host:port) and the broker's plugin at rabbit for vhost
-// every second, and evaluating the alert rules as often; it waits until
-// the server is ready, and kills it when the test ends.
+// scraping service (host:port) and the broker's plugin at rabbit (its
+// per-queue series for vhost, and its node's alarms) every second, and
+// evaluating the alert rules as often; it waits until the server is
+// ready, and kills it when the test ends. With rabbit empty it scrapes the
+// service alone, for rules that read only the service's series.
 func startPrometheus(t *testing.T, bin, service, rabbit, vhost string) *promServer {
 	t.Helper()
 	raw, err := os.ReadFile("../prometheus/prometheus.yml")
@@ -109,15 +111,23 @@ func startPrometheus(t *testing.T, bin, service, rabbit, vhost string) *promServ
 		t.Fatal(err)
 	}
 	cfg["rule_files"] = []any{rules}
+	var jobs []any
 	for _, sc := range cfg["scrape_configs"].([]any) {
 		job := sc.(map[string]any)
 		target := service
 		if job["job_name"] != "transferconsumer" {
+			if rabbit == "" {
+				continue
+			}
 			target = rabbit
-			job["params"].(map[string]any)["vhost"] = []any{vhost}
+			if params, ok := job["params"].(map[string]any); ok && params["vhost"] != nil {
+				params["vhost"] = []any{vhost}
+			}
 		}
 		job["static_configs"] = []any{map[string]any{"targets": []any{target}}}
+		jobs = append(jobs, job)
 	}
+	cfg["scrape_configs"] = jobs
 	dir := t.TempDir()
 	file := filepath.Join(dir, "prometheus.json") // JSON is YAML
 	out, err := json.Marshal(cfg)

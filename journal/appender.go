@@ -30,7 +30,7 @@ import (
 // deleted once confirmed. So a later transaction's entries never reach the
 // stream before an earlier one's. While kept, entries are counted
 // (Reports.Unprotected): a failover or a restore that takes their commits
-// back takes them too.
+// back takes them too, and then they are counted lost (kept.go).
 //
 // Without a spill, or while the database does not take them either, a
 // write is tried again in place, the same entries with the same
@@ -53,12 +53,23 @@ type appender struct {
 	top     int64         // the highest sequence queued so far
 	// kept counts the entries in the database that the stream has not
 	// taken yet; -1 until the writer looked (a crash may have left some).
+	// runs are their sequences (kept.go); doubt, those gone from the
+	// database with their commits, lost unless the journal holds them,
+	// which the lane's next read of it tells.
 	kept    int
+	runs    keptRuns
+	doubt   keptRuns
 	running bool          // the writer has entries queued or kept
 	idle    chan struct{} // closed when running turns false
 	wake    chan struct{}
 	stop    context.CancelFunc
 	exited  chan struct{}
+	// going: the lane's worker commits from goingFrom now (committing).
+	going     bool
+	goingFrom int64
+	// paging is closed once the page of kept messages on its way to the
+	// stream is written and deleted; nil while none is (drainPage).
+	paging chan struct{}
 	// The writer's own: when the stream is next tried for the kept
 	// entries, and how many tries failed in a row.
 	drainAt   time.Time
@@ -311,20 +322,14 @@ func (a *appender) try(ctx context.Context, msgs []event.Spilled) error {
 	if kerr := a.spill.Spill(ctx, a.queue, msgs); kerr != nil {
 		return errors.Join(err, kerr)
 	}
-	n := 0
-	for _, m := range msgs {
-		n += m.Entries
-	}
 	a.mu.Lock()
 	if a.kept == 0 {
 		a.log.Warn("journal: the stream does not take the entries; they are kept in the database until it does, and their events acked",
 			"queue", a.queue, "from_seq", msgs[0].First, "err", err)
 	}
-	a.kept += n
+	n := a.keep(msgs)
 	a.mu.Unlock()
-	if a.reports.Unprotected != nil {
-		a.reports.Unprotected(a.queue, n)
-	}
+	a.unprotected(n)
 	return nil
 }
 
@@ -338,60 +343,102 @@ func (a *appender) failed() {
 }
 
 // drain writes the entries kept in the database to the stream, oldest
-// first, deleting each page once confirmed.
+// first, deleting each page once confirmed. Entries it counts kept that
+// the database no longer keeps are settled first (vanished).
 func (a *appender) drain(ctx context.Context) error {
 	a.mu.Lock()
 	unknown := a.kept < 0
 	a.mu.Unlock()
 	if unknown {
-		n, err := a.spill.Kept(ctx, a.queue)
+		found, err := a.spill.Kept(ctx, a.queue)
 		if err != nil {
 			return err
 		}
+		var runs keptRuns
+		for _, r := range found {
+			at := r.At
+			if at.IsZero() {
+				at = time.Now()
+			}
+			runs = runs.with(keptRun{r.First, r.Last, at})
+		}
+		n := runs.count()
 		a.mu.Lock()
-		a.kept = n
+		a.runs, a.kept = runs, n
 		a.mu.Unlock()
 		if n > 0 {
 			a.log.Warn("journal: entries a former process kept in the database are not in the stream yet; they go first",
-				"queue", a.queue, "entries", n)
-			if a.reports.Unprotected != nil {
-				a.reports.Unprotected(a.queue, n)
-			}
+				"queue", a.queue, "entries", n, "seqs", runs.String())
+			a.unprotected(n)
 		}
 	}
+	drained := 0
 	for {
-		msgs, err := a.spill.Spilled(ctx, a.queue, drainPage)
-		if err != nil {
+		done, err := a.drainPage(ctx, &drained)
+		if done || err != nil {
 			return err
-		}
-		if len(msgs) == 0 {
-			a.mu.Lock()
-			if a.kept > 0 {
-				a.log.Info("journal: the stream took every entry kept in the database", "queue", a.queue)
-			}
-			a.kept, a.drainFail = 0, 0
-			a.mu.Unlock()
-			return nil
-		}
-		write, cancel := context.WithTimeout(ctx, a.keepAfter)
-		err = a.j.write(write, a.queue, msgs)
-		cancel()
-		if err != nil {
-			a.failed()
-			return err
-		}
-		if err := a.spill.Unspill(ctx, a.queue, msgs[len(msgs)-1].Last); err != nil {
-			return err
-		}
-		n := 0
-		for _, m := range msgs {
-			n += m.Entries
-		}
-		a.mu.Lock()
-		a.kept -= n
-		a.mu.Unlock()
-		if a.reports.Unprotected != nil {
-			a.reports.Unprotected(a.queue, -n)
 		}
 	}
+}
+
+// drainPage takes the oldest page of kept messages to the stream, and
+// deletes it once confirmed; done when none was left. A restore waits
+// for the page on its way (paged): read before a loss of commits, it
+// must not reach the stream after the restore's read, beside the entries
+// the lane then gives the same sequences, nor its deletion take theirs.
+func (a *appender) drainPage(ctx context.Context, drained *int) (done bool, err error) {
+	paging := make(chan struct{})
+	a.mu.Lock()
+	a.paging = paging
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.paging = nil
+		a.mu.Unlock()
+		close(paging)
+	}()
+	msgs, err := a.spill.Spilled(ctx, a.queue, drainPage)
+	if err != nil {
+		return false, err
+	}
+	a.mu.Lock()
+	gone := a.gone(msgs, len(msgs) < drainPage)
+	a.mu.Unlock()
+	if len(gone) > 0 {
+		if err := a.vanished(ctx, gone); err != nil {
+			return false, err
+		}
+	}
+	if len(msgs) == 0 {
+		a.mu.Lock()
+		if a.kept == 0 {
+			if *drained > 0 {
+				a.log.Info("journal: the stream took every entry kept in the database", "queue", a.queue, "entries", *drained)
+			}
+			a.drainFail = 0
+		}
+		a.mu.Unlock()
+		return true, nil
+	}
+	write, cancel := context.WithTimeout(ctx, a.keepAfter)
+	err = a.j.write(write, a.queue, msgs)
+	cancel()
+	if err != nil {
+		a.failed()
+		return false, err
+	}
+	if err := a.spill.Unspill(ctx, a.queue, msgs[len(msgs)-1].Last); err != nil {
+		return false, err
+	}
+	// Only what it counts comes off the count: a message another writer
+	// kept (a handover) is counted by that writer.
+	page := runsOf(msgs)
+	a.mu.Lock()
+	taken := a.runs.within(page).count()
+	a.runs = a.runs.without(page)
+	a.kept = a.runs.count()
+	a.mu.Unlock()
+	*drained += taken
+	a.unprotected(-taken)
+	return false, nil
 }

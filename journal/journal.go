@@ -161,6 +161,12 @@ type Reports struct {
 	// events, acked, are protected against a failover or a restore only
 	// as far as the database is.
 	Unprotected func(queue string, n int)
+	// Lost is told of acked events whose entries were kept in the
+	// database and went with their commits (a failover or a restore took
+	// them back before the stream took the entries): in neither the
+	// stream nor the database, they cannot be applied again. They are
+	// taken off Unprotected too.
+	Lost func(queue string, n int)
 	// Held is told, for each transaction, how long its entries took from
 	// its commit until the stream confirmed them or the database kept
 	// them: how long its acks waited for the journal.

@@ -85,9 +85,10 @@ func makeLane(s store, cfg Config, queue string, inner event.MarkedLane, log *sl
 const DefaultKeepAfter = 3 * time.Second
 
 // Journaled returns what is closed once the entries of every transaction
-// the lane has committed so far are confirmed by the broker: until then,
-// the worker acks none of their events. Nil when all are confirmed. It
-// implements the consumer's journaledLane.
+// the lane has committed so far are held: confirmed by the stream, or,
+// while the stream does not take them, kept in the database (appender).
+// Until then, the worker acks none of their events. Nil when all are
+// held. It implements the consumer's journaledLane.
 func (l *Lane) Journaled() <-chan struct{} { return l.out.journaled() }
 
 // Apply applies ev, as the inner lane would, and journals it.
@@ -104,22 +105,23 @@ func (l *Lane) Apply(ctx context.Context, ev event.Event) (event.Result, error) 
 // never applied again, those dead-lettered in that transaction (producer
 // conflicts). It returns once the transaction committed, with the entries
 // on their way to the stream (appender): the worker acks them once
-// Journaled says they are confirmed, and applies its next events
-// meanwhile. An error means nothing was committed. A database that came back
-// without commits it had (a failover, a restore) is found by the first
-// transaction on it, which fails with event.ErrJournalGap: the lane then
-// reads the journal again and applies what is missing first.
+// Journaled says they are held (confirmed by the stream, or kept in the
+// database), and applies its next events meanwhile. An error means
+// nothing was committed. A database that came back without commits it had
+// (a failover, a restore) is found by the first transaction on it, which
+// fails with event.ErrJournalGap: the lane then reads the journal again
+// and applies what is missing first.
 func (l *Lane) ApplyBatch(ctx context.Context, evs []event.Event) ([]event.Outcome, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for again := true; ; again = false {
 		if !l.synced {
 			if _, err := l.recoverAgain(ctx); err != nil {
-				return nil, event.Transient(err)
+				return nil, event.Transient(&restoreError{err})
 			}
 		}
 		m := event.Mark{Queue: l.queue, Prev: l.prev, Last: l.prev + int64(len(evs))}
-		outs, err := l.inner.ApplyMarked(ctx, evs, m)
+		outs, err := l.commit(ctx, evs, m)
 		if errors.Is(err, event.ErrJournalGap) {
 			l.synced = false
 			l.log.Warn("journal: the database does not hold the mark the worker went on from, or does not vouch for it "+
@@ -140,6 +142,22 @@ func (l *Lane) ApplyBatch(ctx context.Context, evs []event.Event) ([]event.Outco
 		l.out.add(entries)
 		return outs, nil
 	}
+}
+
+// commit is the inner lane's ApplyMarked, the writer told of it while it
+// goes on (appender.committing): after a loss of commits, its move from
+// below entries the writer kept says they are lost.
+func (l *Lane) commit(ctx context.Context, evs []event.Event, m event.Mark) (outs []event.Outcome, err error) {
+	l.out.committing(m.Prev)
+	defer func() { l.out.committed(m.Prev, err == nil) }()
+	return l.inner.ApplyMarked(ctx, evs, m)
+}
+
+// commitPark is mp's ParkMarked, the writer told of it as of a commit.
+func (l *Lane) commitPark(ctx context.Context, mp MarkedParker, lt event.OutboxLetter, m event.Mark) (err error) {
+	l.out.committing(m.Prev)
+	defer func() { l.out.committed(m.Prev, err == nil) }()
+	return mp.ParkMarked(ctx, lt, m)
 }
 
 // MarkedParker is a database lane that can park a dead letter and move
@@ -169,11 +187,11 @@ func (l *Lane) Park(ctx context.Context, lt event.OutboxLetter) error {
 	for again := true; ; again = false {
 		if !l.synced {
 			if _, err := l.recoverAgain(ctx); err != nil {
-				return event.Transient(err)
+				return event.Transient(&restoreError{err})
 			}
 		}
 		m := event.Mark{Queue: l.queue, Prev: l.prev, Last: l.prev + 1}
-		err := mp.ParkMarked(ctx, lt, m)
+		err := l.commitPark(ctx, mp, lt, m)
 		if errors.Is(err, event.ErrJournalGap) {
 			l.synced = false
 			if again {
@@ -235,6 +253,8 @@ func (l *Lane) Check(ctx context.Context) (int, error) {
 	n, err := l.recoverAgain(ctx)
 	if err != nil {
 		l.seen, l.checked = mark, true
+	} else {
+		l.out.settle(l.prev) // where the database and the journal reach together
 	}
 	return n, err
 }
@@ -248,7 +268,13 @@ func (l *Lane) Check(ctx context.Context) (int, error) {
 // read, weeks back perhaps in a service that runs for weeks. A write that
 // fails is only logged: the next check tries again, and a read from
 // further back costs time, not entries.
+//
+// The lane synced at the database's mark, vouched for since the last
+// loss, also has its writer settle the entries it kept that went with
+// their commits (appender.settle): the mark is where the database and
+// the journal reach together.
 func (l *Lane) vouchIdle(ctx context.Context, mark int64, began time.Time) {
+	l.out.settle(mark)
 	v, ok := l.inner.(Voucher)
 	if !ok {
 		return
@@ -303,6 +329,7 @@ func (l *Lane) Mark() int64 {
 // its writer looks, which it does at once.
 func (l *Lane) Close() {
 	l.out.close()
+	l.out.undecided()
 	kept := l.out.keptCount()
 	if kept > 0 && l.reports.Unprotected != nil {
 		l.reports.Unprotected(l.queue, -kept)

@@ -27,6 +27,10 @@ import (
 // it. lose takes back its last commits, as a failover to a standby behind
 // or a restore does.
 type database struct {
+	// mu guards mark and commits, which the spill reads from the lane's
+	// writer's goroutine; the lane's worker, which writes them, reads
+	// them without it.
+	mu      sync.Mutex
 	applied []string // event ids, in the order applied
 	mark    int64
 	at      time.Time
@@ -63,11 +67,36 @@ type commit struct {
 	letters int
 }
 
-func (d *database) lose(n int) {
+// lose takes back the last n commits, and returns how many it keeps.
+func (d *database) lose(n int) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	c := d.commits[len(d.commits)-n]
 	d.commits = d.commits[:len(d.commits)-n]
 	d.mark, d.at, d.applied, d.outbox = c.mark, c.at, d.applied[:c.applied], d.outbox[:c.letters]
 	d.vouched = false // a failover or a restore changes what Vouched reads
+	return len(d.commits)
+}
+
+// loseKept takes back the last n commits, as lose does, and the journal
+// messages k kept after the first of them, as a failover or a restore
+// takes every later write with it; it returns those messages. (Rows the
+// stream took and the writer deleted since stay deleted: a real loss
+// would bring them back, and the writer would write them again.)
+func (d *database) loseKept(n int, k *spill) []event.Spilled {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	held := d.lose(n)
+	var gone []event.Spilled
+	for i := 0; i < len(k.msgs); {
+		if k.at[i] > held {
+			gone = append(gone, k.msgs[i])
+			k.msgs, k.at = slices.Delete(k.msgs, i, i+1), slices.Delete(k.at, i, i+1)
+			continue
+		}
+		i++
+	}
+	return gone
 }
 
 // committed records a commit about to be made, for lose.
@@ -173,6 +202,8 @@ func (l modelLane) ParkMarked(_ context.Context, lt event.OutboxLetter, m event.
 	if err := d.cutShort(m); err != nil {
 		return err
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	d.committed()
 	d.outbox = append(d.outbox, lt)
 	d.mark = m.Last
@@ -208,6 +239,8 @@ func (l modelLane) ApplyMarked(_ context.Context, evs []event.Event, m event.Mar
 	if err := d.cutShort(m); err != nil {
 		return nil, err
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	d.committed()
 	if len(evs) > 0 {
 		d.txs++
@@ -438,7 +471,12 @@ func newLane(db *database, s *stream) *Lane {
 	return newLaneWith(db, s, Config{})
 }
 
+// newLaneWith opens a lane over db and s with cfg; a model spill in cfg
+// is db's, which it reads the mark of.
 func newLaneWith(db *database, s *stream, cfg Config) *Lane {
+	if k, ok := cfg.Spill.(*spill); ok && k.db == nil {
+		k.db = db
+	}
 	return makeLane(s, cfg, "q.0", modelLane{db}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 }
 
@@ -492,11 +530,17 @@ func applyAll(t *testing.T, l *Lane, evs []event.Event, batch int) {
 	}
 }
 
-// spill is a model of the database's journal_spill.
+// spill is a model of the database's journal_spill, in its lane's
+// database (db): like Spill, it keeps a message only while the database's
+// mark is at or past its last entry, and it notes after how many of the
+// database's commits each was kept (at), which a loss of commits takes
+// back with them (database.loseKept).
 type spill struct {
 	mu   sync.Mutex
 	msgs []event.Spilled
+	at   []int
 	down error
+	db   *database
 }
 
 func (k *spill) Spill(_ context.Context, _ string, msgs []event.Spilled) error {
@@ -505,7 +549,18 @@ func (k *spill) Spill(_ context.Context, _ string, msgs []event.Spilled) error {
 	if k.down != nil {
 		return k.down
 	}
-	k.msgs = append(k.msgs, msgs...)
+	k.db.mu.Lock()
+	mark, commits := k.db.mark, len(k.db.commits)
+	k.db.mu.Unlock()
+	if last := msgs[len(msgs)-1].Last; mark < last {
+		return fmt.Errorf("the database does not hold the commits of entry %d: its mark is %d", last, mark)
+	}
+	for _, m := range msgs { // in the order of their sequences, each once, as the table's key keeps them
+		i, kept := slices.BinarySearchFunc(k.msgs, m.First, func(o event.Spilled, first int64) int { return cmp.Compare(o.First, first) })
+		if !kept {
+			k.msgs, k.at = slices.Insert(k.msgs, i, m), slices.Insert(k.at, i, commits)
+		}
+	}
 	return nil
 }
 
@@ -518,17 +573,33 @@ func (k *spill) Spilled(_ context.Context, _ string, limit int) ([]event.Spilled
 	return slices.Clone(k.msgs[:min(limit, len(k.msgs))]), nil
 }
 
-func (k *spill) Kept(context.Context, string) (int, error) {
+func (k *spill) Kept(context.Context, string) ([]event.KeptRun, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.down != nil {
-		return 0, k.down
+		return nil, k.down
 	}
-	n := 0
+	var runs []event.KeptRun
 	for _, m := range k.msgs {
-		n += m.Entries
+		if n := len(runs); n > 0 && m.First <= runs[n-1].Last+1 {
+			runs[n-1].Last = max(runs[n-1].Last, m.Last)
+			continue
+		}
+		runs = append(runs, event.KeptRun{First: m.First, Last: m.Last})
 	}
-	return n, nil
+	return runs, nil
+}
+
+func (k *spill) Mark(context.Context, string) (int64, error) {
+	k.mu.Lock()
+	down := k.down
+	k.mu.Unlock()
+	if down != nil {
+		return 0, down
+	}
+	k.db.mu.Lock()
+	defer k.db.mu.Unlock()
+	return k.db.mark, nil
 }
 
 func (k *spill) Unspill(_ context.Context, _ string, last int64) error {
@@ -537,7 +608,13 @@ func (k *spill) Unspill(_ context.Context, _ string, last int64) error {
 	if k.down != nil {
 		return k.down
 	}
-	k.msgs = slices.DeleteFunc(k.msgs, func(m event.Spilled) bool { return m.Last <= last })
+	for i := 0; i < len(k.msgs); {
+		if k.msgs[i].Last <= last {
+			k.msgs, k.at = slices.Delete(k.msgs, i, i+1), slices.Delete(k.at, i, i+1)
+			continue
+		}
+		i++
+	}
 	return nil
 }
 

@@ -22,7 +22,16 @@ import (
 // COMMIT's answer lost, or a restart while an alarm holds the stream,
 // none of which lost a commit, restore at once instead of waiting for the
 // alarm to pass.
+//
+// A page of kept entries on its way to the stream is waited for first
+// (paged), a write's timeout at most: read before the loss, its entries
+// would otherwise reach the stream after the restore's read, beside those
+// the lane then gives their sequences again, and its deletion take
+// theirs from the database.
 func (l *Lane) flushLost(ctx context.Context) error {
+	if err := l.out.paged(ctx); err != nil {
+		return err
+	}
 	if l.out.journaled() == nil {
 		return nil
 	}
@@ -54,6 +63,23 @@ func (a *appender) unheldAbove(mark int64) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.unheld() != nil && a.top > mark
+}
+
+// paged waits until no page of kept messages is on its way to the
+// stream (drainPage), or ctx ends.
+func (a *appender) paged(ctx context.Context) error {
+	a.mu.Lock()
+	paging := a.paging
+	a.mu.Unlock()
+	if paging == nil {
+		return nil
+	}
+	select {
+	case <-paging:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // drainKept has the writer try the stream now for the entries kept in the

@@ -54,6 +54,25 @@ func (e *ShortError) Error() string {
 		e.Since.UTC().Format(time.RFC3339))
 }
 
+// ErrRestore is in the error of a lane's apply or park whose restore
+// (Recover), which must end before the lane goes on, did not: its read was
+// cut short, the database failed it, the lane's own entries on their way
+// were not confirmed, or, as the errors it wraps then say too, the
+// journal does not reach back (a *ShortError) or cannot be read
+// (event.ErrJournalUnread). The service names a queue held so by what it
+// wraps when that has a name, and as a restore under way otherwise
+// (observe).
+var ErrRestore = errors.New("journal: the restore of the queue did not end")
+
+// restoreError is a restore's error as a lane's apply or park returns it:
+// it reads as the error itself, and is an ErrRestore besides what it
+// wraps.
+type restoreError struct{ err error }
+
+func (e *restoreError) Error() string        { return e.err.Error() }
+func (e *restoreError) Unwrap() error        { return e.err }
+func (e *restoreError) Is(target error) bool { return target == ErrRestore }
+
 // Recover applies the queue's journal entries the database lacks, in the
 // journal's order, and returns how many it applied again (the inbox drops
 // any the database still holds). It leaves the database's mark at the

@@ -32,6 +32,15 @@ type Voucher interface {
 	Vouched(ctx context.Context, queue string) (mark int64, why string, err error)
 }
 
+// ErrUnvouched is in the error of a restore whose read of the journal
+// could not begin (an event.ErrJournalUnread too) when the database does
+// not vouch that it lost no commit of the queue since a read last synced
+// it (goOnVouched): it restarted, failed over or was restored since, or
+// could not be asked, or another reader moved the mark meanwhile. Only
+// the read lets the queue go on then. The service names a queue held so
+// apart from one whose read alone failed (observe).
+var ErrUnvouched = errors.New("the database does not vouch for the queue's journal mark")
+
 // goOnVouched ends a restore whose read of the journal could not begin
 // (err, an *unreadError: a broker alarm holds its fence, the stream does
 // not answer): the lane goes on from the database's mark, synced, when
@@ -40,7 +49,8 @@ type Voucher interface {
 // above the mark, so there is nothing to read. That is what lets a queue
 // start, or come back after a reconnect, during an alarm, as it does
 // without the journal. It returns nil then, and otherwise err, with why
-// the lane cannot go on without the read.
+// the lane cannot go on without the read (ErrUnvouched, when the
+// database was asked).
 func (r *restoring) goOnVouched(err error) error {
 	l := r.l
 	var unread *unreadError
@@ -51,11 +61,11 @@ func (r *restoring) goOnVouched(err error) error {
 	mark, why, verr := v.Vouched(r.ctx, l.queue)
 	switch {
 	case verr != nil:
-		return fmt.Errorf("%w; and whether the database holds every entry of the queue cannot be read: %v", err, verr)
+		return &unvouchedError{fmt.Errorf("%w; and whether the database holds every entry of the queue cannot be read: %v", err, verr)}
 	case why != "":
-		return fmt.Errorf("%w; and the database cannot vouch that it holds every entry of the queue (%s), so the queue waits for the journal", err, why)
+		return &unvouchedError{fmt.Errorf("%w; and the database cannot vouch that it holds every entry of the queue (%s), so the queue waits for the journal", err, why)}
 	case mark != r.mark:
-		return fmt.Errorf("%w; and the mark moved meanwhile (another reader of the queue), so the queue waits for the journal", err)
+		return &unvouchedError{fmt.Errorf("%w; and the mark moved meanwhile (another reader of the queue), so the queue waits for the journal", err)}
 	}
 	l.prev, l.synced, l.checked = mark, true, false
 	l.log.Warn("journal: the journal cannot be read now, but the database has lost no commit of the queue since a read of the journal "+
@@ -64,3 +74,11 @@ func (r *restoring) goOnVouched(err error) error {
 		"queue", l.queue, "mark", mark, "why_unread", err)
 	return nil
 }
+
+// unvouchedError is goOnVouched's refusal: it reads as its words, and is
+// an ErrUnvouched besides what it wraps.
+type unvouchedError struct{ err error }
+
+func (e *unvouchedError) Error() string        { return e.err.Error() }
+func (e *unvouchedError) Unwrap() error        { return e.err }
+func (e *unvouchedError) Is(target error) bool { return target == ErrUnvouched }

@@ -102,3 +102,51 @@ func TestALaneDoesNotGoOnWithoutTheJournalFromAMarkThatMovedMeanwhile(t *testing
 		t.Fatalf("mark %d, applied %v; want 6 and the first six in order", db.mark, db.applied)
 	}
 }
+
+// A lane that cannot go on says why in errors the service can tell
+// apart (observe names the queue's reason from them): a read that cannot
+// begin (event.ErrJournalUnread), and with it a database that does not
+// vouch for the mark (ErrUnvouched); a restore that did not end for
+// another cause (ErrRestore alone: a stream that does not answer, a
+// database that refuses what it applies again); a journal that does not reach back (a
+// *ShortError). Each is an ErrRestore: the lane's restore did not end.
+func TestALaneHeldByItsRestoreSaysWhy(t *testing.T) {
+	down := errors.New("the database is down")
+	for _, c := range []struct {
+		name              string
+		fault             func(*database, *stream)
+		unread, unvouched bool
+		short             bool
+		database          error
+	}{
+		{"the read cannot begin, the database lost a commit", func(db *database, s *stream) { db.lose(1); s.blocked = true }, true, true, false, nil},
+		{"the stream does not answer", func(db *database, s *stream) { db.lose(1); s.stuck = true }, false, false, false, nil},
+		{"the database fails the restore", func(db *database, s *stream) { db.lose(1); db.refuse = map[string]error{"ev-004": down} }, false, false, false, down},
+		{"the journal does not reach back", func(db *database, s *stream) { db.lose(3); s.trim(3) }, false, false, true, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			db, s := &database{}, &stream{}
+			evs := events(6)
+			l := newLane(db, s)
+			defer l.Close()
+			applyAll(t, l, evs[:5], 1)
+			c.fault(db, s)
+			_, err := l.ApplyBatch(t.Context(), evs[5:])
+			var short *ShortError
+			switch {
+			case err == nil:
+				t.Fatal("the lane went on")
+			case !errors.Is(err, ErrRestore):
+				t.Errorf("%v: not an ErrRestore", err)
+			case errors.Is(err, event.ErrJournalUnread) != c.unread:
+				t.Errorf("%v: an event.ErrJournalUnread %v, want %v", err, !c.unread, c.unread)
+			case errors.Is(err, ErrUnvouched) != c.unvouched:
+				t.Errorf("%v: an ErrUnvouched %v, want %v", err, !c.unvouched, c.unvouched)
+			case errors.As(err, &short) != c.short:
+				t.Errorf("%v: a *ShortError %v, want %v", err, !c.short, c.short)
+			case c.database != nil && !errors.Is(err, c.database):
+				t.Errorf("%v: does not wrap the database's error", err)
+			}
+		})
+	}
+}

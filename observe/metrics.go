@@ -31,6 +31,8 @@ type Metrics struct {
 	// not take them: now, by queue, and all that ever were.
 	unprotected *prometheus.GaugeVec
 	kept        prometheus.Counter
+	// Those a loss of their commits took before the stream took them.
+	lost        *prometheus.CounterVec
 	journalRead prometheus.Counter
 	held        *prometheus.HistogramVec
 	stalls      *prometheus.CounterVec
@@ -98,6 +100,10 @@ func NewMetrics(h *Health, cfg config.Config) *Metrics {
 			Namespace: ns, Name: "journal_kept_total",
 			Help: "Journal entries kept in the database because the stream did not take them in time (JOURNAL_KEEP_AFTER, adr/0014).",
 		}),
+		lost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Name: "journal_lost_events_total",
+			Help: "Acked events lost, by queue: their journal entries were kept in the database, and a failover or restore took their commits back before the stream took them; they are in neither (the log names their sequences, adr/0014). Alert on any increase.",
+		}, []string{"queue"}),
 		held: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Namespace: ns, Name: "journal_hold_seconds",
 			Help:    "Time from a transaction's commit until the journal's stream confirmed its entries, or the database kept them: how long its acks waited for the journal (adr/0014).",
@@ -120,6 +126,7 @@ func NewMetrics(h *Health, cfg config.Config) *Metrics {
 		if cfg.JournalStream != "" {
 			m.queues[q].held = m.held.WithLabelValues(q)
 			m.unprotected.WithLabelValues(q)
+			m.lost.WithLabelValues(q)
 			m.stalls.WithLabelValues(q)
 		}
 	}
@@ -133,7 +140,7 @@ func NewMetrics(h *Health, cfg config.Config) *Metrics {
 		return 0
 	}
 	m.collectors = []prometheus.Collector{
-		m.events, m.latency, m.retries, m.conflicts, m.pruned, m.restored, m.unprotected, m.kept, m.journalRead, m.batches,
+		m.events, m.latency, m.retries, m.conflicts, m.pruned, m.restored, m.unprotected, m.kept, m.lost, m.journalRead, m.batches,
 		m.held, m.stalls,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -268,6 +275,11 @@ func (m *Metrics) Unprotected(queue string, n int) {
 		m.kept.Add(float64(n))
 	}
 }
+
+// JournalLost counts a queue's acked events whose journal entries went
+// with their commits while kept in the database (the journal has taken
+// them off Unprotected already).
+func (m *Metrics) JournalLost(queue string, n int) { m.lost.WithLabelValues(queue).Add(float64(n)) }
 
 // Pruned counts inbox rows removed by retention.
 func (m *Metrics) Pruned(rows int64) { m.pruned.Add(float64(rows)) }

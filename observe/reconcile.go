@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"transferconsumer/db"
 )
 
 // reconcileGauges are the periodic reconciliation's series: -1 until the
@@ -12,6 +14,9 @@ type reconcileGauges struct {
 	drift, duplicates, waiting, oldLetters, lastEnd, duration prometheus.Gauge
 	lastFull, fullEnd, oldestFinding                          prometheus.Gauge
 	changed                                                   prometheus.Gauge
+	// trusted has one series, the last pass's reason: -1 with none
+	// before the first.
+	trusted *prometheus.GaugeVec
 }
 
 func newReconcileGauges(ns string) (reconcileGauges, []prometheus.Collector) {
@@ -35,7 +40,12 @@ func newReconcileGauges(ns string) (reconcileGauges, []prometheus.Collector) {
 		changed: gauge("changed_since_checkpoint", "Accounts whose transfers a full pass found changed or deleted by hand since the checkpoint (history edited), "+
 			"each reported by every run until a person resolves it (reconcile_resolved), at the last reconciliation; -1 before the first.", -1),
 	}
-	return g, []prometheus.Collector{g.drift, g.duplicates, g.waiting, g.oldLetters, g.lastEnd, g.duration, g.lastFull, g.fullEnd, g.oldestFinding, g.changed}
+	g.trusted = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "reconcile_checkpoint_trusted",
+		Help: "1 when the last periodic pass of this instance found the reconciliation's checkpoint trusted (reason trusted), 0 when it did not and so made it anew in a full pass, " +
+			"reason saying why (none, forgotten, copied, incomplete, transfers-gone, marked, other: adr/0007); -1, without a reason, before the first pass."},
+		[]string{"reason"})
+	g.trusted.WithLabelValues("").Set(-1)
+	return g, []prometheus.Collector{g.drift, g.duplicates, g.waiting, g.oldLetters, g.lastEnd, g.duration, g.lastFull, g.fullEnd, g.oldestFinding, g.changed, g.trusted}
 }
 
 // Reconciliation is what a periodic reconciliation found, for its series.
@@ -47,6 +57,9 @@ type Reconciliation struct {
 	Full                       bool          // a full pass
 	LastFull                   time.Time     // when the last full pass ended; zero before the first
 	OldestFinding              *time.Time    // when the oldest finding still reported was first seen; nil for none
+	// Checkpoint is why the pass did not trust the checkpoint
+	// (db.Checkpoint.TrustReason), db.TrustTrusted when it did.
+	Checkpoint string
 }
 
 // Reconciled sets the reconciliation's series to what the run that just
@@ -73,4 +86,16 @@ func (m *Metrics) Reconciled(r Reconciliation) {
 	g.lastFull.Set(full)
 	g.fullEnd.Set(fullEnd)
 	g.oldestFinding.Set(oldest)
+	trusted := 0.0
+	if r.Checkpoint == db.TrustTrusted {
+		trusted = 1
+	}
+	// One series, the last pass's reason: set before the others go, so
+	// that a scrape meanwhile finds one.
+	g.trusted.WithLabelValues(r.Checkpoint).Set(trusted)
+	for _, reason := range append(db.TrustReasons(), "") {
+		if reason != r.Checkpoint {
+			g.trusted.DeleteLabelValues(reason)
+		}
+	}
 }

@@ -16,16 +16,25 @@ import (
 // gauges of metrics.go.
 
 // Reasons a queue is blocked, or a retry happened, besides the database's
-// own (db.Cause).
+// own (db.Cause): the journal's, one for each cause the service knows
+// (adr/0014), so that no queue it holds for one says "other".
 const (
 	reasonJournalStalled      = "journal-stalled"      // the journal's stream and the database both refuse its entries
 	reasonJournalUnrestorable = "journal-unrestorable" // entries in neither the database nor the journal (recover --accept-loss)
+	reasonJournalUnread       = "journal-unread"       // the queue must read the journal first, and the read cannot begin
+	reasonJournalUnvouched    = "journal-unvouched"    // that, and the database cannot vouch for the queue's mark
+	reasonJournalRestore      = "journal-restore"      // a restore from the journal began and did not end
 	reasonPanic               = "panic"
 	reasonUnknown             = "unknown" // an unclassified error the database's causes do not name either
 )
 
 // reason names why a queue is blocked or was retried, in a closed
 // vocabulary (a label): the words of the error are in /readyz and the log.
+// The journal's causes come first: a read of the stream that cannot begin
+// may fail on the network, which the database's causes would name as the
+// database's. A restore's error takes the database's cause when the
+// database named one (it failed the restore), and is a restore's
+// otherwise: a read cut short, a deadline of the restore's own.
 func reason(class event.Class, err error) string {
 	var short *journal.ShortError
 	switch {
@@ -33,14 +42,20 @@ func reason(class event.Class, err error) string {
 		return reasonJournalStalled
 	case errors.As(err, &short):
 		return reasonJournalUnrestorable
+	case errors.Is(err, journal.ErrUnvouched):
+		return reasonJournalUnvouched
+	case errors.Is(err, event.ErrJournalUnread):
+		return reasonJournalUnread
 	case class == event.ClassPanic:
 		return reasonPanic
 	}
 	c := db.Cause(err)
-	if (c == db.CauseOther || c == "") && class == event.ClassUnknown {
+	switch {
+	case errors.Is(err, journal.ErrRestore) && (c == db.CauseOther || c == db.CauseTimeout):
+		return reasonJournalRestore
+	case (c == db.CauseOther || c == "") && class == event.ClassUnknown:
 		return reasonUnknown
-	}
-	if c == "" {
+	case c == "":
 		return db.CauseOther
 	}
 	return c
@@ -61,7 +76,7 @@ func newQueueState(h *Health, ns string, journal bool) queueState {
 			"Unix time since which the queue has retried its message in hand because the environment failed; 0 when it is not blocked.",
 			[]string{"queue"}, nil),
 		reason: prometheus.NewDesc(ns+"_queue_blocked_reason",
-			"1 for each blocked queue, with why in reason (statement-timeout, unavailable, read-only, no-sync-standby, journal-stalled, journal-unrestorable, panic, unknown, …) and its failure class; /readyz has the words.",
+			"1 for each blocked queue, with why in reason (statement-timeout, unavailable, read-only, no-sync-standby, journal-stalled, journal-unrestorable, journal-unread, journal-unvouched, journal-restore, panic, unknown, …) and its failure class; /readyz has the words.",
 			[]string{"queue", "reason", "class"}, nil),
 		unrestorable: prometheus.NewDesc(ns+"_journal_unrestorable_events",
 			"Events at most, acked once, that are in neither the database nor the journal: the queue waits until recover --accept-loss (JOURNAL_STREAM, adr/0014).",

@@ -1,10 +1,13 @@
 package observe
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"maps"
+	"net"
 	"regexp"
+	"syscall"
 	"testing"
 	"time"
 
@@ -35,6 +38,22 @@ func TestReasonNamesWhyAQueueWaits(t *testing.T) {
 			fmt.Errorf("%w: %w", consumer.ErrJournalStalled, errors.New("blocked")), reasonJournalStalled},
 		{"the journal cannot restore", event.ClassUnknown,
 			fmt.Errorf("restore: %w", &journal.ShortError{Queue: "transfers.0", Mark: 3, First: 9}), reasonJournalUnrestorable},
+		// A queue held by the journal, its errors wrapped as the journal's
+		// lane wraps them (journal.ErrRestore) and the worker after it.
+		{"the journal cannot be read", event.ClassTransient, held(fmt.Errorf("fence: %w", event.ErrJournalUnread)), reasonJournalUnread},
+		{"the journal cannot be read, the network says why", event.ClassTransient,
+			held(fmt.Errorf("%w: %w", event.ErrJournalUnread, &net.OpError{Op: "dial", Err: syscall.ECONNREFUSED})), reasonJournalUnread},
+		{"the journal cannot be read, and the database cannot vouch", event.ClassTransient,
+			held(fmt.Errorf("%w: %w", event.ErrJournalUnread, journal.ErrUnvouched)), reasonJournalUnvouched},
+		{"the probe of the journal after the session ended", event.ClassTransient,
+			fmt.Errorf("the journal: %w", event.ErrJournalUnread), reasonJournalUnread},
+		{"a restore's read cut short", event.ClassTransient, held(errors.New("the read ended before its fence")), reasonJournalRestore},
+		{"a restore's own deadline", event.ClassTransient, held(fmt.Errorf("not confirmed: %w", context.DeadlineExceeded)), reasonJournalRestore},
+		{"a restore the database failed", event.ClassTransient,
+			held(&pq.Error{Code: "57014", Message: "canceling statement due to statement timeout"}), db.CauseStatementTimeout},
+		{"a restore another reader keeps overtaking", event.ClassTransient, held(fmt.Errorf("%w: holds 9", event.ErrJournalGap)), db.CauseJournalGap},
+		{"a restore that waits for recover --accept-loss", event.ClassTransient,
+			held(&journal.ShortError{Queue: "transfers.0", Mark: 3, First: 9}), reasonJournalUnrestorable},
 		{"a panic", event.ClassPanic, event.Panicked(errors.New("boom")), reasonPanic},
 		{"unclassified", event.ClassUnknown, errors.New("new"), reasonUnknown},
 		{"unclassified, named by the database", event.ClassUnknown, &pq.Error{Code: "25006"}, db.CauseReadOnly},
@@ -48,6 +67,10 @@ func TestReasonNamesWhyAQueueWaits(t *testing.T) {
 	}
 }
 
+// held is err as a journal's lane returns it when its restore did not
+// end: a journal.ErrRestore, and transient.
+func held(err error) error { return event.Transient(fmt.Errorf("%w: %w", journal.ErrRestore, err)) }
+
 // Events, latencies and retries are counted by queue; the outcomes an
 // alert or a panel watches exist at zero for every partition queue from
 // the start, and the journal's by-queue series too when it is on.
@@ -59,7 +82,7 @@ func TestSeriesByQueue(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		n    int
-	}{{"unprotected", count(m.unprotected)}, {"stalls", count(m.stalls)}} {
+	}{{"unprotected", count(m.unprotected)}, {"lost", count(m.lost)}, {"stalls", count(m.stalls)}} {
 		if c.n != 2 {
 			t.Errorf("%d %s series at start, want 2", c.n, c.name)
 		}
@@ -72,6 +95,7 @@ func TestSeriesByQueue(t *testing.T) {
 	m.JournalStalled("transfers.0", 1)
 	m.JournalStalled("transfers.0", 2) // the same stall
 	m.JournalHeld("transfers.1", 3*time.Millisecond)
+	m.JournalLost("transfers.0", 3)
 	for _, c := range []struct {
 		what      string
 		got, want float64
@@ -82,6 +106,8 @@ func TestSeriesByQueue(t *testing.T) {
 		{"poison on transfers.0", value(m.events.WithLabelValues("transfers.0", "dead_lettered", "poison")), 1},
 		{"statement timeouts on transfers.0", value(m.retries.WithLabelValues("transfers.0", db.CauseStatementTimeout)), 1},
 		{"stalls of transfers.0", value(m.stalls.WithLabelValues("transfers.0")), 1},
+		{"lost on transfers.0", value(m.lost.WithLabelValues("transfers.0")), 3},
+		{"lost on transfers.1", value(m.lost.WithLabelValues("transfers.1")), 0},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s: %v, want %v", c.what, c.got, c.want)
@@ -95,7 +121,7 @@ func TestSeriesByQueue(t *testing.T) {
 		t.Errorf("transfers.1's journal holds: %v, %v; want one", h.Histogram, err)
 	}
 	off := NewMetrics(&Health{}, config.Config{QueueCount: 2, Prefix: "transfers"})
-	if n := count(off.held) + count(off.unprotected) + count(off.stalls); n != 0 {
+	if n := count(off.held) + count(off.unprotected) + count(off.lost) + count(off.stalls); n != 0 {
 		t.Errorf("%d journal series without the journal, want none", n)
 	}
 }
