@@ -79,10 +79,11 @@ func groups() []group {
 		}},
 		{"Reconciliation", []panel{
 			figure{title: "Reconciliation findings", red: ptr(1.0),
-				description: "What the last periodic reconciliation found (adr/0007), across replicas; -1 before a first run. transferconsumer reconcile lists each.",
+				description: "What the last periodic reconciliation found (adr/0007), across replicas; -1 before a first run. transferconsumer reconcile lists each. Transfers changed since the checkpoint (history edited) stay until a person resolves them.",
 				mappings:    map[string]string{"-1": "not run yet"},
 				queries: []query{
 					{`max(transferconsumer_reconcile_accounts_in_drift{` + onInstance + `})`, "accounts in drift"},
+					{`max(transferconsumer_reconcile_changed_since_checkpoint{` + onInstance + `})`, "transfers changed since the checkpoint"},
 					{`max(transferconsumer_reconcile_duplicate_intents{` + onInstance + `})`, "duplicate intents"},
 					{`max(transferconsumer_reconcile_waiting_transitions{` + onInstance + `})`, "transitions waiting"},
 					{`max(transferconsumer_reconcile_old_dead_letters{` + onInstance + `})`, "dead letters past INBOX_TTL"}}},
