@@ -156,6 +156,21 @@ func (p *process) field(msg, key string) string {
 	return ""
 }
 
+// said reports whether some log line whose msg is msg has key holding
+// sub. Not only the first: a check the service retries may fail first for
+// another cause (a read cut short on a loaded machine) before the one a
+// test waits for.
+func (p *process) said(msg, key, sub string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, line := range p.lines {
+		if line["msg"] == msg && strings.Contains(fmt.Sprint(line[key]), sub) {
+			return true
+		}
+	}
+	return false
+}
+
 // waitConsuming waits until the process has started consuming (again).
 func (p *process) waitConsuming(times int) {
 	p.t.Helper()
