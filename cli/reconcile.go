@@ -20,6 +20,7 @@ import (
 	"transferconsumer/db"
 	"transferconsumer/dlq"
 	"transferconsumer/observe"
+	"transferconsumer/reconcile"
 )
 
 const reconcileUsage = `Usage: transferconsumer reconcile [--periodic | --rebuild] [--json] [-n N] [--skip-dlq | --require-dlq [--dlq-wait D]]
@@ -162,7 +163,7 @@ func parseReconcile(args []string, help io.Writer) (reconcileArgs, error) {
 // reconcileReport is a whole reconciliation: the database's snapshot and,
 // when read, the dead-letter queue.
 type reconcileReport struct {
-	db.Reconciliation
+	reconcile.Reconciliation
 	Duration    time.Duration
 	Window      time.Duration
 	After       time.Duration
@@ -210,21 +211,21 @@ const (
 	dlqByService         // the service's periodic run (readDeadLetters)
 )
 
-// reconcile runs one reconciliation of kind p; with exclusive, only if no
+// runReconcile runs one reconciliation of kind p; with exclusive, only if no
 // other replica's pass holds the lock (Ran says whether it did). It reads
 // the DLQ too unless letters is dlqNone, again for up to dlqWait while
 // another reader holds letters. A periodic pass is a full one when
 // fullEvery (not 0) has passed since the last.
-func reconcile(ctx context.Context, database *sqlx.DB, cfg config.Config, first int, p pass, fullEvery time.Duration,
+func runReconcile(ctx context.Context, database *sqlx.DB, cfg config.Config, first int, p pass, fullEvery time.Duration,
 	exclusive bool, letters dlqRead, dlqWait time.Duration) (reconcileReport, error) {
 	start := time.Now()
 	rep := reconcileReport{Window: cfg.ReconcileWindow, After: cfg.PendingAfter, InboxTTL: cfg.InboxTTL}
-	o := db.ReconcileOptions{Window: cfg.ReconcileWindow, PendingAfter: cfg.PendingAfter, Limit: first, Exclusive: exclusive}
+	o := reconcile.Options{Window: cfg.ReconcileWindow, PendingAfter: cfg.PendingAfter, Limit: first, Exclusive: exclusive}
 	var err error
 	if p == passFull {
-		rep.Reconciliation, err = db.Reconcile(ctx, database, o)
+		rep.Reconciliation, err = reconcile.Full(ctx, database, o)
 	} else {
-		rep.Reconciliation, err = db.ReconcilePeriodic(ctx, database, db.PeriodicOptions{ReconcileOptions: o, FullEvery: fullEvery, Full: p == passRebuild})
+		rep.Reconciliation, err = reconcile.Periodic(ctx, database, reconcile.PeriodicOptions{Options: o, FullEvery: fullEvery, Full: p == passRebuild})
 	}
 	if err != nil || !rep.Ran {
 		return rep, err
@@ -318,7 +319,7 @@ func reconcileCommand(ctx context.Context, cfg config.Config, migrations fs.FS, 
 	if a.dlqRead == "skip" {
 		letters = dlqNone
 	}
-	rep, err := reconcile(ctx, database, cfg, a.first, a.pass, fullEvery(cfg), a.pass != passFull, letters, wait)
+	rep, err := runReconcile(ctx, database, cfg, a.first, a.pass, fullEvery(cfg), a.pass != passFull, letters, wait)
 	switch {
 	case err != nil:
 		return err
@@ -384,7 +385,7 @@ func ReconcileLoop(ctx context.Context, database *sqlx.DB, cfg config.Config, m 
 		if cfg.ReconcileDLQ {
 			letters = dlqByService
 		}
-		rep, err := reconcile(run, database, cfg, logFirst, passPeriodic, fullEvery(cfg), true, letters, 0)
+		rep, err := runReconcile(run, database, cfg, logFirst, passPeriodic, fullEvery(cfg), true, letters, 0)
 		cancel()
 		switch {
 		case err != nil && ctx.Err() == nil:
@@ -417,7 +418,7 @@ func fullBound(cfg config.Config) time.Duration {
 
 // lastFull is when the last full pass ended: this one, or the one the
 // database recorded before it.
-func lastFull(r db.Reconciliation) time.Time {
+func lastFull(r reconcile.Reconciliation) time.Time {
 	switch {
 	case r.Full:
 		return r.At
@@ -449,7 +450,7 @@ func fullOnStandby(ctx context.Context, primary *sqlx.DB, standby string, cfg co
 		case <-time.After(wait):
 		}
 		wait = cfg.ReconcileEvery
-		claimed, err := db.ClaimFull(ctx, primary, cfg.ReconcileFull, fullBound(cfg))
+		claimed, err := reconcile.ClaimFull(ctx, primary, cfg.ReconcileFull, fullBound(cfg))
 		if err != nil || !claimed {
 			if err != nil && ctx.Err() == nil {
 				log.Error("reconcile: claim the full pass on the standby", "err", err)
@@ -459,14 +460,14 @@ func fullOnStandby(ctx context.Context, primary *sqlx.DB, standby string, cfg co
 		run, cancel := context.WithTimeout(ctx, fullBound(cfg))
 		rep, err := readStandby(run, standby, cfg)
 		if err == nil {
-			err = db.RecordFull(run, primary, rep.Reconciliation)
+			err = reconcile.RecordFull(run, primary, rep.Reconciliation)
 		}
 		cancel()
 		if err != nil {
 			if ctx.Err() == nil {
 				log.Error("reconcile: the full pass on the standby failed", "err", err)
 			}
-			if err := db.ReleaseFull(context.WithoutCancel(ctx), primary); err != nil {
+			if err := reconcile.ReleaseFull(context.WithoutCancel(ctx), primary); err != nil {
 				log.Error("reconcile: release the full pass's claim", "err", err)
 			}
 			continue
@@ -482,7 +483,7 @@ func readStandby(ctx context.Context, standby string, cfg config.Config) (reconc
 		return reconcileReport{}, fmt.Errorf("reconcile: RECONCILE_DATABASE_URL: %w", err)
 	}
 	defer database.Close()
-	return reconcile(ctx, database, cfg, recordFirst, passFull, 0, false, dlqNone, 0)
+	return runReconcile(ctx, database, cfg, recordFirst, passFull, 0, false, dlqNone, 0)
 }
 
 // logFirst bounds the lines any run logs per kind of finding, whatever it
@@ -507,7 +508,7 @@ func logFindings[T any](log *slog.Logger, kind string, items []T, count int, lin
 // logReconcile logs the findings of rep, at most logFirst of each kind
 // and a line for the rest, then one summary line.
 func logReconcile(log *slog.Logger, rep reconcileReport) {
-	logFindings(log, "drift", rep.Drift, rep.DriftCount, func(d db.Drift) {
+	logFindings(log, "drift", rep.Drift, rep.DriftCount, func(d reconcile.Drift) {
 		attrs := []any{"account", d.Account, "expected", d.Expected, "difference", d.Difference}
 		if d.Actual != nil {
 			attrs = append(attrs, "actual", *d.Actual)
@@ -516,7 +517,7 @@ func logReconcile(log *slog.Logger, rep reconcileReport) {
 		}
 		log.Error("reconcile: balance drift", attrs...)
 	})
-	logFindings(log, "changed", rep.Changed, rep.ChangedCount, func(c db.Changed) {
+	logFindings(log, "changed", rep.Changed, rep.ChangedCount, func(c reconcile.Changed) {
 		attrs := []any{"account", c.Account, "transfers", c.Transfers, "checkpoint", c.Checkpoint, "difference", c.Difference,
 			"checkpoint_made_at", c.CheckpointMadeAt}
 		if c.FirstSeen != nil {
@@ -524,12 +525,12 @@ func logReconcile(log *slog.Logger, rep reconcileReport) {
 		}
 		log.Error("reconcile: transfers changed since the checkpoint", attrs...)
 	})
-	logFindings(log, "duplicate", rep.Duplicates, rep.DupCount, func(d db.Duplicate) {
+	logFindings(log, "duplicate", rep.Duplicates, rep.DupCount, func(d reconcile.Duplicate) {
 		log.Warn("reconcile: suspected duplicate intent", "transfer_id", d.Transfer, "earlier_transfer_id", d.Earlier,
 			"from_account", d.From, "to_account", d.To, "amount_minor", d.Amount, "currency", d.Currency,
 			"apart_ms", d.CreatedAt.Sub(d.EarlierAt).Milliseconds())
 	})
-	logFindings(log, "waiting", rep.Waiting, rep.WaitCount, func(w db.Waiting) {
+	logFindings(log, "waiting", rep.Waiting, rep.WaitCount, func(w reconcile.Waiting) {
 		log.Warn("reconcile: transition waiting for its creation", "transfer_id", w.Transfer, "event_id", w.EventID,
 			"event_type", w.EventType, "received_at", w.ReceivedAt, "waited_s", int64(rep.At.Sub(w.ReceivedAt).Seconds()))
 	})

@@ -8,11 +8,11 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"transferconsumer/db"
+	"transferconsumer/reconcile"
 )
 
 // passName names the pass r was: full or periodic.
-func passName(r db.Reconciliation) string {
+func passName(r reconcile.Reconciliation) string {
 	if r.Full {
 		return "full"
 	}
@@ -20,7 +20,7 @@ func passName(r db.Reconciliation) string {
 }
 
 // checkpointLine says what the pass made of the checkpoint.
-func checkpointLine(r db.Reconciliation) string {
+func checkpointLine(r reconcile.Reconciliation) string {
 	c := r.Checkpoint
 	why := c.Broken
 	if why == "" {

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"transferconsumer/config"
-	"transferconsumer/db"
+	"transferconsumer/reconcile"
 )
 
 // reconcile's flags are checked before the configuration, the database or
@@ -77,10 +77,10 @@ func TestReconcileReportAndStatus(t *testing.T) {
 	actual := int64(150)
 	at := time.Date(2026, 12, 1, 7, 0, 0, 0, time.UTC)
 	found := reconcileReport{
-		Reconciliation: db.Reconciliation{Ran: true, At: at, Transfers: 3, Accounts: 2,
-			Drift:      []db.Drift{{Account: "acc_b", Expected: 100, Actual: &actual, Difference: 50}, {Account: "acc_c", Expected: -5, Difference: 5}},
+		Reconciliation: reconcile.Reconciliation{Ran: true, At: at, Transfers: 3, Accounts: 2,
+			Drift:      []reconcile.Drift{{Account: "acc_b", Expected: 100, Actual: &actual, Difference: 50}, {Account: "acc_c", Expected: -5, Difference: 5}},
 			DriftCount: 7,
-			Duplicates: []db.Duplicate{{From: "acc_a", To: "acc_b", Amount: 700, Currency: "EUR", Transfer: "t2", CreatedAt: at, Earlier: "t1", EarlierAt: at.Add(-3 * time.Second)}},
+			Duplicates: []reconcile.Duplicate{{From: "acc_a", To: "acc_b", Amount: 700, Currency: "EUR", Transfer: "t2", CreatedAt: at, Earlier: "t1", EarlierAt: at.Add(-3 * time.Second)}},
 			DupCount:   1},
 		Window: time.Hour, After: time.Hour, InboxTTL: 720 * time.Hour,
 		DeadLetters: deadLetters{Read: true, Total: 4, Old: 1, Letters: []deadLetter{{EventID: "e1", Class: "poison"}}},
@@ -119,7 +119,7 @@ func TestReconcileReportAndStatus(t *testing.T) {
 		t.Errorf("JSON %s", js.String())
 	}
 
-	clean := reconcileReport{Reconciliation: db.Reconciliation{Ran: true, At: at}, DeadLetters: deadLetters{Error: "not read: --skip-dlq"}}
+	clean := reconcileReport{Reconciliation: reconcile.Reconciliation{Ran: true, At: at}, DeadLetters: deadLetters{Error: "not read: --skip-dlq"}}
 	text.Reset()
 	printReconcile(&text, clean)
 	if clean.findings() != 0 || strings.Contains(text.String(), "found:") || !strings.Contains(text.String(), "not read: --skip-dlq") {
@@ -183,9 +183,9 @@ func TestReconcileReportOfEachPass(t *testing.T) {
 	cut, seen := at.Add(-time.Hour), at.Add(-3*time.Hour)
 	actual := int64(9)
 	periodic := reconcileReport{
-		Reconciliation: db.Reconciliation{Ran: true, Recorded: true, At: at, Transfers: 12, Accounts: 30,
-			Checkpoint: db.Checkpoint{Present: true, WrittenAt: &cut},
-			Drift:      []db.Drift{{Account: "acc_q", Expected: 10, Actual: &actual, Difference: -1, FirstSeen: &seen}}, DriftCount: 1},
+		Reconciliation: reconcile.Reconciliation{Ran: true, Recorded: true, At: at, Transfers: 12, Accounts: 30,
+			Checkpoint: reconcile.Checkpoint{Present: true, WrittenAt: &cut},
+			Drift:      []reconcile.Drift{{Account: "acc_q", Expected: 10, Actual: &actual, Difference: -1, FirstSeen: &seen}}, DriftCount: 1},
 		Window: time.Hour, After: time.Hour, InboxTTL: 720 * time.Hour, DeadLetters: deadLetters{Error: "not read: --skip-dlq"},
 	}
 	var text bytes.Buffer
@@ -199,10 +199,10 @@ func TestReconcileReportOfEachPass(t *testing.T) {
 	checkpoint := int64(100)
 	made := at.Add(-48 * time.Hour)
 	full := reconcileReport{
-		Reconciliation: db.Reconciliation{Ran: true, Full: true, At: at,
-			Checkpoint: db.Checkpoint{Present: true, Compared: true, Differs: 1, WrittenAt: &cut},
-			Drift:      []db.Drift{{Account: "acc_q", Expected: 10, Actual: &actual, Difference: -1}}, DriftCount: 1,
-			Changed: []db.Changed{{Account: "acc_p", Transfers: 5, Checkpoint: &checkpoint, Difference: 95, CheckpointMadeAt: &made, FirstSeen: &seen},
+		Reconciliation: reconcile.Reconciliation{Ran: true, Full: true, At: at,
+			Checkpoint: reconcile.Checkpoint{Present: true, Compared: true, Differs: 1, WrittenAt: &cut},
+			Drift:      []reconcile.Drift{{Account: "acc_q", Expected: 10, Actual: &actual, Difference: -1}}, DriftCount: 1,
+			Changed: []reconcile.Changed{{Account: "acc_p", Transfers: 5, Checkpoint: &checkpoint, Difference: 95, CheckpointMadeAt: &made, FirstSeen: &seen},
 				{Account: "acc_r", Transfers: 90, Checkpoint: &checkpoint, Difference: 10, CheckpointMadeAt: &made}}, ChangedCount: 2},
 		DeadLetters: deadLetters{Error: "not read: --skip-dlq"},
 	}
@@ -232,14 +232,14 @@ func TestReconcileReportOfEachPass(t *testing.T) {
 func TestEveryLogOfFindingsIsBounded(t *testing.T) {
 	const held, count = 250, 400
 	at := time.Date(2026, 12, 1, 7, 0, 0, 0, time.UTC)
-	rep := reconcileReport{Reconciliation: db.Reconciliation{Ran: true, Full: true, At: at,
+	rep := reconcileReport{Reconciliation: reconcile.Reconciliation{Ran: true, Full: true, At: at,
 		DriftCount: count, ChangedCount: count, DupCount: count, WaitCount: count},
 		DeadLetters: deadLetters{Read: true, Total: count, Old: count}}
 	for i := range held {
-		rep.Drift = append(rep.Drift, db.Drift{Account: fmt.Sprint("acc_", i), Difference: 1})
-		rep.Changed = append(rep.Changed, db.Changed{Account: fmt.Sprint("acc_", i), Difference: 1})
-		rep.Duplicates = append(rep.Duplicates, db.Duplicate{Transfer: fmt.Sprint("t", i), CreatedAt: at, EarlierAt: at})
-		rep.Waiting = append(rep.Waiting, db.Waiting{Transfer: fmt.Sprint("w", i), ReceivedAt: at})
+		rep.Drift = append(rep.Drift, reconcile.Drift{Account: fmt.Sprint("acc_", i), Difference: 1})
+		rep.Changed = append(rep.Changed, reconcile.Changed{Account: fmt.Sprint("acc_", i), Difference: 1})
+		rep.Duplicates = append(rep.Duplicates, reconcile.Duplicate{Transfer: fmt.Sprint("t", i), CreatedAt: at, EarlierAt: at})
+		rep.Waiting = append(rep.Waiting, reconcile.Waiting{Transfer: fmt.Sprint("w", i), ReceivedAt: at})
 		rep.DeadLetters.Letters = append(rep.DeadLetters.Letters, deadLetter{EventID: fmt.Sprint("e", i)})
 	}
 	var buf bytes.Buffer

@@ -62,6 +62,11 @@ func translate(err error) error {
 	return event.Transient(err)
 }
 
+// Translate is translate for the packages that send statements of their
+// own on a pool Open made (the reconciliation): a driver error comes back
+// in the project's failure classes, decided here only.
+func Translate(err error) error { return translate(err) }
+
 // readCommitted is the isolation every transaction of the service runs at,
 // whatever default_transaction_isolation the database or role sets:
 // apply_event takes the transfer's advisory lock and then reads the

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"transferconsumer/dbtest"
 	"transferconsumer/event"
 )
 
@@ -266,7 +267,7 @@ func releasedSchema(t *testing.T, zipped string, lock bool) (owner *sqlx.DB, rol
 	t.Helper()
 	dbURL, owner := freshDB(t)
 	if lock {
-		lockDown(t, owner)
+		dbtest.LockDown(t, owner)
 	}
 	old, err := zip.OpenReader(zipped)
 	if err != nil {
@@ -276,7 +277,7 @@ func releasedSchema(t *testing.T, zipped string, lock bool) (owner *sqlx.DB, rol
 	if _, err := Migrate(context.Background(), owner, old); err != nil {
 		t.Fatal(err)
 	}
-	role, svc = serviceRole(t, dbURL, owner)
+	role, svc = dbtest.ServiceRole(t, dbURL, owner)
 	if err := Grant(context.Background(), owner, role); err != nil {
 		t.Fatal(err)
 	}
@@ -291,7 +292,7 @@ func releasedSchema(t *testing.T, zipped string, lock bool) (owner *sqlx.DB, rol
 func TestFunctionFileChangedIsAppliedAgain(t *testing.T) {
 	ctx := context.Background()
 	dbURL, owner := freshDB(t)
-	lockDown(t, owner)
+	dbtest.LockDown(t, owner)
 	table := []byte(`CREATE TABLE t (v INT);`)
 	f := func(sig, body string) *fstest.MapFile {
 		return &fstest.MapFile{Data: []byte("-- f\nCREATE OR REPLACE FUNCTION f(" + sig + ") RETURNS INT LANGUAGE sql\n" +
@@ -302,7 +303,7 @@ func TestFunctionFileChangedIsAppliedAgain(t *testing.T) {
 	if applied, err := Migrate(ctx, owner, v1); err != nil || strings.Join(applied, " ") != "0001_t.sql functions/f.sql functions/g.sql" {
 		t.Fatalf("Migrate = %v, %v", applied, err)
 	}
-	role, svc := serviceRole(t, dbURL, owner)
+	role, svc := dbtest.ServiceRole(t, dbURL, owner)
 	if err := Grant(ctx, owner, role); err != nil {
 		t.Fatal(err)
 	}

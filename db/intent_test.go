@@ -43,22 +43,3 @@ func TestNoTransferIntentIndex(t *testing.T) {
 		t.Errorf("0013 run again: %q, want %q", got, want)
 	}
 }
-
-// The BRIN indexes of the periodic reconciliation (sql/0016) leave the
-// range being filled without a summary, so that an insert there writes
-// nothing to them: brin_summarize_new_values finds it to summarize (1),
-// where a range CREATE INDEX summarized would give 0.
-func TestTheRangeBeingFilledHasNoSummary(t *testing.T) {
-	database := testDB(t, 2)
-	l := newLedger(t, database)
-	l.fail(l.create(0, 1, 5))
-	for _, index := range []string{"transfer_created_range", "transfer_failure_range"} {
-		var n int
-		if err := database.Get(&n, `SELECT brin_summarize_new_values($1::regclass)`, index); err != nil {
-			t.Fatal(err)
-		}
-		if n != 1 {
-			t.Errorf("%s: %d range(s) to summarize after the migration and an insert, want the one being filled", index, n)
-		}
-	}
-}

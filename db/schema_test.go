@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
-	"github.com/lib/pq"
 
+	"transferconsumer/dbtest"
 	"transferconsumer/retry"
 )
 
@@ -25,81 +25,13 @@ import (
 // and returns its URL as the superuser and a pool on it.
 func freshDB(t *testing.T) (string, *sqlx.DB) {
 	t.Helper()
-	admin := testAdmin(t)
-	name := "tc_db_" + strings.ReplaceAll(newID()[:13], "-", "")
-	admin.MustExec("CREATE DATABASE " + pq.QuoteIdentifier(name))
-	t.Cleanup(func() { admin.Exec("DROP DATABASE IF EXISTS " + pq.QuoteIdentifier(name) + " WITH (FORCE)") })
-	u, _ := url.Parse(testAdminURL())
-	u.Path = "/" + name
-	database, err := Open(context.Background(), u.String(), 4)
+	dbURL := dbtest.Create(t)
+	database, err := Open(context.Background(), dbURL, 4)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { database.Close() })
-	return u.String(), database
-}
-
-func testAdminURL() string {
-	if u := os.Getenv("TEST_DATABASE_URL"); u != "" {
-		return u
-	}
-	return "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
-}
-
-// testAdmin returns a pool on the test server's maintenance database; the
-// test is skipped when the server is unreachable, except with CI=true.
-func testAdmin(t *testing.T) *sqlx.DB {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	admin, err := Open(ctx, testAdminURL(), 2)
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("no database (CI=true, so this fails): %v", err)
-		}
-		t.Skipf("no database: %v", err)
-	}
-	t.Cleanup(func() { admin.Close() })
-	return admin
-}
-
-// serviceRole creates a login role with no privilege at all, as an
-// estate's service account starts, and returns its name and a pool on the
-// database of dbURL as that role. The role is dropped at the end, with
-// whatever was granted to it there.
-func serviceRole(t *testing.T, dbURL string, owner *sqlx.DB) (string, *sqlx.DB) {
-	t.Helper()
-	admin := testAdmin(t)
-	role := "tc_svc_" + strings.ReplaceAll(newID()[:8], "-", "")
-	admin.MustExec("CREATE ROLE " + pq.QuoteIdentifier(role) + " LOGIN")
-	t.Cleanup(func() {
-		admin.Exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1`, role)
-		owner.Exec("DROP OWNED BY " + pq.QuoteIdentifier(role))
-		admin.Exec("DROP ROLE IF EXISTS " + pq.QuoteIdentifier(role))
-	})
-	u, _ := url.Parse(dbURL)
-	u.User = url.User(role)
-	as, err := sqlx.Open("postgres", u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { as.Close() })
-	return role, as
-}
-
-// lockDown does to a database what a locked-down estate does beyond
-// PostgreSQL 15's defaults (which already grant no CREATE on schema
-// public): PUBLIC may not connect, use the schema, or execute the
-// functions created from now on.
-func lockDown(t *testing.T, owner *sqlx.DB) {
-	t.Helper()
-	var name string
-	if err := owner.Get(&name, `SELECT current_database()`); err != nil {
-		t.Fatal(err)
-	}
-	owner.MustExec("REVOKE CONNECT, TEMPORARY ON DATABASE " + pq.QuoteIdentifier(name) + " FROM PUBLIC")
-	owner.MustExec("REVOKE ALL ON SCHEMA public FROM PUBLIC")
-	owner.MustExec("ALTER DEFAULT PRIVILEGES REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC")
+	return dbURL, database
 }
 
 // A schema that is current is checked by reading alone: a role that may
@@ -123,8 +55,8 @@ func TestCurrentSchemaNeedsNoPrivilegeBeyondData(t *testing.T) {
 	if _, err := Migrate(ctx, owner, migrations); err != nil {
 		t.Fatal(err)
 	}
-	role, svc := serviceRole(t, dbURL, owner)
-	lockDown(t, owner)
+	role, svc := dbtest.ServiceRole(t, dbURL, owner)
+	dbtest.LockDown(t, owner)
 	if err := Grant(ctx, owner, role); err != nil {
 		t.Fatal(err)
 	}
@@ -146,14 +78,6 @@ func TestCurrentSchemaNeedsNoPrivilegeBeyondData(t *testing.T) {
 	if logs.String() != "" {
 		t.Errorf("logged on a current schema:\n%s", logs.String())
 	}
-	// The reconciliation's passes, which write its tables and build their
-	// working sets in temporary tables, twice: the first makes the
-	// checkpoint, the second starts from it.
-	for i := range 2 {
-		if r, err := ReconcilePeriodic(context.Background(), svc, periodic); err != nil || !r.Recorded || r.Full != (i == 0) {
-			t.Errorf("periodic pass %d as %s: recorded %v, full %v, %v", i+1, role, r.Recorded, r.Full, err)
-		}
-	}
 }
 
 // Grant gives the service's role what it needs, and the same on what a
@@ -163,7 +87,7 @@ func TestCurrentSchemaNeedsNoPrivilegeBeyondData(t *testing.T) {
 func TestGrantReachesWhatLaterMigrationsCreate(t *testing.T) {
 	dbURL, owner := freshDB(t)
 	ctx := context.Background()
-	lockDown(t, owner)
+	dbtest.LockDown(t, owner)
 	first := fstest.MapFS{
 		"0001_a.sql": {Data: []byte(`CREATE TABLE a (id BIGSERIAL PRIMARY KEY, v TEXT);
 			CREATE FUNCTION fa() RETURNS INT LANGUAGE sql AS 'SELECT 1';
@@ -172,7 +96,7 @@ func TestGrantReachesWhatLaterMigrationsCreate(t *testing.T) {
 	if _, err := Migrate(ctx, owner, first); err != nil {
 		t.Fatal(err)
 	}
-	role, svc := serviceRole(t, dbURL, owner)
+	role, svc := dbtest.ServiceRole(t, dbURL, owner)
 	if err := Grant(ctx, owner, role); err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +158,7 @@ func TestSchemaBehindWaitsForTheOwner(t *testing.T) {
 			if _, err := Migrate(context.Background(), owner, migrations); err != nil {
 				t.Fatal(err)
 			}
-			role, svc := serviceRole(t, dbURL, owner)
+			role, svc := dbtest.ServiceRole(t, dbURL, owner)
 			if err := Grant(context.Background(), owner, role); err != nil {
 				t.Fatal(err)
 			}
@@ -317,7 +241,7 @@ func TestSchemaUnreadableNamesTheGrant(t *testing.T) {
 	if _, err := Migrate(context.Background(), owner, os.DirFS("../sql")); err != nil {
 		t.Fatal(err)
 	}
-	role, svc := serviceRole(t, dbURL, owner)
+	role, svc := dbtest.ServiceRole(t, dbURL, owner)
 	told := make(chan error, 1)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -343,11 +267,11 @@ func TestSchemaUnreadableNamesTheGrant(t *testing.T) {
 // rewritten secret file is used from the next one on; the Source's error
 // is the pool's.
 func TestOpenFromAsksTheSourceForEachConnection(t *testing.T) {
-	testAdmin(t)
+	dbtest.Admin(t)
 	var calls atomic.Int32
 	src := func() (string, error) {
 		n := calls.Add(1)
-		u, _ := url.Parse(testAdminURL())
+		u, _ := url.Parse(dbtest.AdminURL())
 		q := u.Query()
 		q.Set("application_name", "tc_source_"+string(rune('a'+n%26)))
 		u.RawQuery = q.Encode()

@@ -6,14 +6,13 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"io/fs"
-	"net/url"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/jmoiron/sqlx"
-	"github.com/lib/pq"
 
+	"transferconsumer/dbtest"
 	"transferconsumer/event"
 )
 
@@ -29,35 +28,9 @@ func testDB(t testing.TB, maxConns int) *sqlx.DB {
 // testDBWith is testDB migrated with migrations.
 func testDBWith(t testing.TB, maxConns int, migrations fs.FS) *sqlx.DB {
 	t.Helper()
-	adminURL := os.Getenv("TEST_DATABASE_URL")
-	if adminURL == "" {
-		adminURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	admin, err := Open(ctx, adminURL, 2)
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("no database (CI=true, so this fails): %v", err)
-		}
-		t.Skipf("no database: %v", err)
-	}
-	t.Cleanup(func() { admin.Close() })
-	b := make([]byte, 6)
-	_, _ = rand.Read(b)
-	name := "tc_db_" + hex.EncodeToString(b)
-	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+pq.QuoteIdentifier(name)); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_, _ = admin.Exec("DROP DATABASE IF EXISTS " + pq.QuoteIdentifier(name) + " WITH (FORCE)")
-	})
-	u, err := url.Parse(adminURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.Path = "/" + name
-	database, err := Open(ctx, u.String(), maxConns)
+	database, err := Open(ctx, dbtest.Create(t), maxConns)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,9 +16,9 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"transferconsumer/db"
 	"transferconsumer/dlq"
 	"transferconsumer/event"
+	"transferconsumer/reconcile"
 )
 
 // Reconciliation (adr/0007): every balance proved from the transfers, and
@@ -303,7 +303,7 @@ func TestReconcileSeesNoDriftWhileAStreamIsApplied(t *testing.T) {
 	pubErr := make(chan error, 1)
 	go func() { pubErr <- e.publishPipelined(events, &published) }()
 
-	opts := db.ReconcileOptions{Window: time.Hour, PendingAfter: time.Hour, Limit: 5}
+	opts := reconcile.Options{Window: time.Hour, PendingAfter: time.Hour, Limit: 5}
 	passes, during := 0, 0
 	// Passes one after another, for as long as the events keep coming: a
 	// loaded machine applies them slowly, a hang stops them.
@@ -317,7 +317,7 @@ func TestReconcileSeesNoDriftWhileAStreamIsApplied(t *testing.T) {
 			t.Fatalf("stuck at %d of %d events applied for a minute", n, unique)
 		}
 		applied = n
-		r, err := db.Reconcile(context.Background(), e.db, opts)
+		r, err := reconcile.Full(context.Background(), e.db, opts)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -401,7 +401,7 @@ func TestReconcileInTheService(t *testing.T) {
 	// inbox_maintain): the pass is not held back by it.
 	maint := e.db.MustBegin()
 	maint.MustExec(`SELECT pg_advisory_xact_lock(7301004)`)
-	res, err := db.Reconcile(context.Background(), e.db, db.ReconcileOptions{Window: time.Hour, PendingAfter: time.Hour, Exclusive: true})
+	res, err := reconcile.Full(context.Background(), e.db, reconcile.Options{Window: time.Hour, PendingAfter: time.Hour, Exclusive: true})
 	if err != nil || !res.Ran {
 		t.Errorf("with inbox_maintain's lock held: ran %v, %v; want run", res.Ran, err)
 	}
@@ -411,7 +411,7 @@ func TestReconcileInTheService(t *testing.T) {
 	tx := e.db.MustBegin()
 	defer tx.Rollback()
 	tx.MustExec(`SELECT pg_advisory_xact_lock(7301005)`)
-	res, err = db.Reconcile(context.Background(), e.db, db.ReconcileOptions{Window: time.Hour, PendingAfter: time.Hour, Exclusive: true})
+	res, err = reconcile.Full(context.Background(), e.db, reconcile.Options{Window: time.Hour, PendingAfter: time.Hour, Exclusive: true})
 	if err != nil || res.Ran {
 		t.Errorf("with the lock held elsewhere: ran %v, %v; want not run", res.Ran, err)
 	}

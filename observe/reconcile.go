@@ -5,7 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"transferconsumer/db"
+	"transferconsumer/reconcile"
 )
 
 // reconcileGauges are the periodic reconciliation's series: -1 until the
@@ -58,7 +58,7 @@ type Reconciliation struct {
 	LastFull                   time.Time     // when the last full pass ended; zero before the first
 	OldestFinding              *time.Time    // when the oldest finding still reported was first seen; nil for none
 	// Checkpoint is why the pass did not trust the checkpoint
-	// (db.Checkpoint.TrustReason), db.TrustTrusted when it did.
+	// (reconcile.Checkpoint.TrustReason), reconcile.TrustTrusted when it did.
 	Checkpoint string
 }
 
@@ -87,13 +87,13 @@ func (m *Metrics) Reconciled(r Reconciliation) {
 	g.fullEnd.Set(fullEnd)
 	g.oldestFinding.Set(oldest)
 	trusted := 0.0
-	if r.Checkpoint == db.TrustTrusted {
+	if r.Checkpoint == reconcile.TrustTrusted {
 		trusted = 1
 	}
 	// One series, the last pass's reason: set before the others go, so
 	// that a scrape meanwhile finds one.
 	g.trusted.WithLabelValues(r.Checkpoint).Set(trusted)
-	for _, reason := range append(db.TrustReasons(), "") {
+	for _, reason := range append(reconcile.TrustReasons(), "") {
 		if reason != r.Checkpoint {
 			g.trusted.DeleteLabelValues(reason)
 		}

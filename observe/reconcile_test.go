@@ -7,7 +7,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"transferconsumer/config"
-	"transferconsumer/db"
+	"transferconsumer/reconcile"
 )
 
 // The checkpoint's trust is one series, the last periodic pass's: -1
@@ -21,9 +21,9 @@ func TestTheCheckpointsTrustIsThatOfTheLastPass(t *testing.T) {
 		want   float64
 	}{
 		{"", -1},
-		{db.TrustCopied, 0},
-		{db.TrustTrusted, 1},
-		{db.TrustMarked, 0},
+		{reconcile.TrustCopied, 0},
+		{reconcile.TrustTrusted, 1},
+		{reconcile.TrustMarked, 0},
 	} {
 		if step.reason != "" {
 			m.Reconciled(Reconciliation{Checkpoint: step.reason})

@@ -1,4 +1,4 @@
-package db
+package reconcile
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+
+	"transferconsumer/db"
 )
 
 // sweepAccounts is how many balances a periodic pass compares beyond those
@@ -18,10 +20,10 @@ import (
 // second (BENCHMARKS.md, "The periodic pass").
 const sweepAccounts = 100_000
 
-// PeriodicOptions say what ReconcilePeriodic looks for, and when it is to
+// PeriodicOptions say what Periodic looks for, and when it is to
 // be a full pass.
 type PeriodicOptions struct {
-	ReconcileOptions
+	Options
 	// FullEvery: the pass is a full one when the last full pass ended
 	// longer ago than this (RECONCILE_FULL_INTERVAL); 0 only when the
 	// checkpoint cannot be trusted.
@@ -48,7 +50,7 @@ SELECT transfer_id, event_id, event_type, from_account, to_account, amount_minor
 FROM (` + waitingQuery + `) w`
 )
 
-// ReconcilePeriodic is the service's periodic pass (adr/0007). It first
+// Periodic is the service's periodic pass (adr/0007). It first
 // neutralizes the transaction ids of another cluster that a restore or
 // logical replication left in the transfers (neutralize), forgetting the
 // checkpoint when there were any. When the checkpoint can be trusted, it
@@ -63,22 +65,22 @@ FROM (` + waitingQuery + `) w`
 // writes down what it found: its findings are then every finding not yet
 // resolved, whichever pass found it.
 //
-// It writes, so it needs the primary. Its errors are Reconcile's; a
+// It writes, so it needs the primary. Its errors are Full's; a
 // serialization failure (someone else wrote the checkpoint meanwhile)
 // leaves the checkpoint and the findings as they were (a neutralization
 // committed before stays: it holds whatever follows).
-func ReconcilePeriodic(ctx context.Context, db *sqlx.DB, o PeriodicOptions) (Reconciliation, error) {
+func Periodic(ctx context.Context, database *sqlx.DB, o PeriodicOptions) (Reconciliation, error) {
 	var r Reconciliation
 	// Before the pass's snapshot, in transactions of their own: the
 	// snapshot then sees the rows neutralized, and the checkpoint
 	// forgotten if any was.
-	neutralized, ran, err := neutralize(ctx, db, o.Exclusive)
+	neutralized, ran, err := neutralize(ctx, database, o.Exclusive)
 	if err != nil || !ran {
 		return r, err
 	}
-	tx, err := db.BeginTxx(ctx, repeatableReadWrite)
+	tx, err := database.BeginTxx(ctx, repeatableReadWrite)
 	if err != nil {
-		return r, fmt.Errorf("reconcile: begin: %w", translate(err))
+		return r, fmt.Errorf("reconcile: begin: %w", db.Translate(err))
 	}
 	defer tx.Rollback()
 	if r.Ran, err = startPass(ctx, tx, o.Exclusive); err != nil || !r.Ran {
@@ -111,7 +113,7 @@ func ReconcilePeriodic(ctx context.Context, db *sqlx.DB, o PeriodicOptions) (Rec
 		return r, translateIn("the working sets", err)
 	}
 	if err := tx.Commit(); err != nil {
-		return r, fmt.Errorf("reconcile: commit: %w", translate(err))
+		return r, fmt.Errorf("reconcile: commit: %w", db.Translate(err))
 	}
 	r.Recorded = true
 	return r, nil

@@ -1,4 +1,4 @@
-package db
+package reconcile
 
 import (
 	"context"
@@ -43,7 +43,7 @@ func TestAChangedFindingIsKeptUntilAPersonResolvesIt(t *testing.T) {
 	database.MustExec(`UPDATE balance_projection SET balance_minor = balance_minor + 10 WHERE account = $1`, l.account(0))
 	database.MustExec(`UPDATE balance_projection SET balance_minor = balance_minor - 10 WHERE account = $1`, l.account(1))
 
-	full := PeriodicOptions{ReconcileOptions: periodic.ReconcileOptions, Full: true}
+	full := PeriodicOptions{Options: periodic.Options, Full: true}
 	want := l.account(0) + "," + l.account(1)
 	r := pass(t, database, full)
 	if !r.Checkpoint.Rebuilt || r.Checkpoint.Differs != 2 || r.DriftCount != 0 || r.ChangedCount != 2 || changedAccounts(r) != want {

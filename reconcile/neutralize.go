@@ -1,10 +1,12 @@
-package db
+package reconcile
 
 import (
 	"context"
 	"fmt"
 
 	"github.com/jmoiron/sqlx"
+
+	"transferconsumer/db"
 )
 
 // Transaction ids of another cluster (adr/0007, "Another cluster's
@@ -89,10 +91,10 @@ const forgetCheckpoint = `UPDATE reconcile_checkpoint SET cutoff = NULL, forgott
 // holds it. It returns how many rows it neutralized. In steady state it is
 // one transaction that finds none, reading the BRIN indexes and the page
 // ranges written since the cut-off.
-func neutralize(ctx context.Context, db *sqlx.DB, exclusive bool) (int64, bool, error) {
+func neutralize(ctx context.Context, database *sqlx.DB, exclusive bool) (int64, bool, error) {
 	var transfers, failures int64
 	for {
-		t, f, ran, err := neutralizeOnce(ctx, db, exclusive, transfers, failures)
+		t, f, ran, err := neutralizeOnce(ctx, database, exclusive, transfers, failures)
 		if err != nil || !ran {
 			return transfers + failures, ran, err
 		}
@@ -105,10 +107,10 @@ func neutralize(ctx context.Context, db *sqlx.DB, exclusive bool) (int64, bool, 
 
 // neutralizeOnce is one transaction of neutralize; transfers and failures
 // are the rows the transactions before it in the pass neutralized.
-func neutralizeOnce(ctx context.Context, db *sqlx.DB, exclusive bool, transfers, failures int64) (t, f int64, ran bool, err error) {
-	tx, err := db.BeginTxx(ctx, nil)
+func neutralizeOnce(ctx context.Context, database *sqlx.DB, exclusive bool, transfers, failures int64) (t, f int64, ran bool, err error) {
+	tx, err := database.BeginTxx(ctx, nil)
 	if err != nil {
-		return 0, 0, false, fmt.Errorf("reconcile: begin: %w", translate(err))
+		return 0, 0, false, fmt.Errorf("reconcile: begin: %w", db.Translate(err))
 	}
 	defer tx.Rollback()
 	if ran, err = startPass(ctx, tx, exclusive); err != nil || !ran {
@@ -141,7 +143,7 @@ func neutralizeOnce(ctx context.Context, db *sqlx.DB, exclusive bool, transfers,
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return 0, 0, false, fmt.Errorf("reconcile: commit: %w", translate(err))
+		return 0, 0, false, fmt.Errorf("reconcile: commit: %w", db.Translate(err))
 	}
 	return t, f, true, nil
 }

@@ -1,4 +1,16 @@
-package db
+// Package reconcile proves the balances from the transfers, and reports
+// what the inbox cannot see (adr/0007): balances in drift, transfers
+// changed by hand since the checkpoint, suspected duplicate intents and
+// transitions waiting for their creation. It owns the reconciliation's SQL
+// and tables (sql/0016 on), its advisory lock and its passes: Full, the
+// read-only pass over every transfer, which runs on a standby too;
+// Periodic, the service's pass from the checkpoint, which writes what it
+// found; and ClaimFull, RecordFull and ReleaseFull, the scheduled full
+// pass read on a standby and written down on the primary. It sends its
+// statements on a pool db opened, and db translates their errors
+// (db.Translate): a lost connection or a timeout is transient, and a pass
+// retries nothing.
+package reconcile
 
 import (
 	"context"
@@ -8,6 +20,8 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+
+	"transferconsumer/db"
 )
 
 // reconcileLock is the advisory lock key that lets one replica at a time
@@ -17,8 +31,8 @@ import (
 // other, and a periodic pass skip its turn).
 const reconcileLock = 7_301_005
 
-// ReconcileOptions say what Reconcile looks for.
-type ReconcileOptions struct {
+// Options say what a pass looks for.
+type Options struct {
 	// Window: two creations of one intent (the same accounts, amount and
 	// currency) under different transferIds, created at most this far
 	// apart, are a suspected duplicate intent.
@@ -193,7 +207,7 @@ type Changed struct {
 // inbox's key, none of which a read takes).
 var repeatableReadOnly = &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true}
 
-// Reconcile is the full pass: it reads the database in one REPEATABLE
+// Full is the full pass: it reads the database in one REPEATABLE
 // READ READ ONLY transaction and reports every balance that is not the net
 // of its transfers, every account whose transfers no longer sum to what
 // the checkpoint says (with the changed findings earlier passes kept, which
@@ -201,11 +215,11 @@ var repeatableReadOnly = &sql.TxOptions{Isolation: sql.LevelRepeatableRead, Read
 // transitions waiting too long (adr/0007). It changes nothing, so it runs on a standby
 // too. Its errors are the database's, classified as everywhere (a lost
 // connection or a timeout is transient); it retries nothing.
-func Reconcile(ctx context.Context, db *sqlx.DB, o ReconcileOptions) (Reconciliation, error) {
+func Full(ctx context.Context, database *sqlx.DB, o Options) (Reconciliation, error) {
 	r := Reconciliation{Full: true}
-	tx, err := db.BeginTxx(ctx, repeatableReadOnly)
+	tx, err := database.BeginTxx(ctx, repeatableReadOnly)
 	if err != nil {
-		return r, fmt.Errorf("reconcile: begin: %w", translate(err))
+		return r, fmt.Errorf("reconcile: begin: %w", db.Translate(err))
 	}
 	defer tx.Rollback() // read only: nothing to commit
 	if r.Ran, err = startPass(ctx, tx, o.Exclusive); err != nil || !r.Ran {
@@ -306,7 +320,7 @@ func translateIn(what string, err error) error {
 	if err == nil {
 		return nil
 	}
-	return fmt.Errorf("reconcile: %s: %w", what, translate(err))
+	return fmt.Errorf("reconcile: %s: %w", what, db.Translate(err))
 }
 
 func interval(d time.Duration) string { return fmt.Sprintf("%d microseconds", d.Microseconds()) }

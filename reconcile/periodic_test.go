@@ -1,4 +1,4 @@
-package db
+package reconcile
 
 import (
 	"context"
@@ -9,19 +9,20 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"transferconsumer/db"
 	"transferconsumer/event"
 )
 
 // The periodic pass (adr/0007): from a checkpoint, the transfers since its
 // cut-off, and the full pass beside it.
 
-var periodic = PeriodicOptions{ReconcileOptions: ReconcileOptions{Window: time.Hour, PendingAfter: time.Hour, Limit: 20, Exclusive: true}}
+var periodic = PeriodicOptions{Options: Options{Window: time.Hour, PendingAfter: time.Hour, Limit: 20, Exclusive: true}}
 
 // pass runs one periodic pass and fails the test on an error or when it
 // did not run.
 func pass(t *testing.T, database *sqlx.DB, o PeriodicOptions) Reconciliation {
 	t.Helper()
-	r, err := ReconcilePeriodic(context.Background(), database, o)
+	r, err := Periodic(context.Background(), database, o)
 	if err != nil || !r.Ran || !r.Recorded {
 		t.Fatalf("periodic pass: ran %v, recorded %v, %v", r.Ran, r.Recorded, err)
 	}
@@ -31,7 +32,7 @@ func pass(t *testing.T, database *sqlx.DB, o PeriodicOptions) Reconciliation {
 // fullPass runs the read-only full pass.
 func fullPass(t *testing.T, database *sqlx.DB) Reconciliation {
 	t.Helper()
-	r, err := Reconcile(context.Background(), database, periodic.ReconcileOptions)
+	r, err := Full(context.Background(), database, periodic.Options)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +72,7 @@ func (l *ledger) fail(ev event.Event) {
 
 func (l *ledger) apply(ev event.Event) {
 	l.t.Helper()
-	if _, err := NewInbox(l.database).Apply(context.Background(), ev); err != nil {
+	if _, err := db.NewInbox(l.database).Apply(context.Background(), ev); err != nil {
 		l.t.Fatal(err)
 	}
 }
@@ -130,7 +131,7 @@ func TestAPeriodicPassFindsADriftWrittenAfterTheCutoff(t *testing.T) {
 	if r = pass(t, database, periodic); r.DriftCount != 2 {
 		t.Errorf("a row in the checkpoint mended by hand: drift %d, want the two still (the checkpoint holds it changed)", r.DriftCount)
 	}
-	if r = pass(t, database, PeriodicOptions{ReconcileOptions: periodic.ReconcileOptions, Full: true}); r.DriftCount != 0 || !r.Full {
+	if r = pass(t, database, PeriodicOptions{Options: periodic.Options, Full: true}); r.DriftCount != 0 || !r.Full {
 		t.Errorf("a full pass after the mend: drift %+v; want none", r.Drift)
 	}
 	if r = pass(t, database, periodic); r.Full || r.DriftCount != 0 {
@@ -166,7 +167,7 @@ func TestAnOldRowChangedByHandIsFoundByTheFullPass(t *testing.T) {
 	if !full.Checkpoint.Compared || full.ChangedCount != 2 || full.Changed[0].Account != l.account(0) || full.Changed[0].Difference != -10 {
 		t.Errorf("full pass: compared %v, changed %+v; want %s's transfers 10 less than the checkpoint says", full.Checkpoint.Compared, full.Changed, want)
 	}
-	rebuilt := pass(t, database, PeriodicOptions{ReconcileOptions: periodic.ReconcileOptions, Full: true})
+	rebuilt := pass(t, database, PeriodicOptions{Options: periodic.Options, Full: true})
 	if rebuilt.DriftCount != 2 || rebuilt.ChangedCount != 2 || !rebuilt.Checkpoint.Rebuilt {
 		t.Errorf("full pass that records: drift %d, changed %d, rebuilt %v; want 2, 2, true", rebuilt.DriftCount, rebuilt.ChangedCount, rebuilt.Checkpoint.Rebuilt)
 	}
@@ -174,12 +175,12 @@ func TestAnOldRowChangedByHandIsFoundByTheFullPass(t *testing.T) {
 		t.Errorf("the periodic pass after: full %v, drift %d, changed %d; want the two drifts and the two changed reported still", r.Full, r.DriftCount, r.ChangedCount)
 	}
 	database.MustExec(`UPDATE transfer SET amount_minor = 100 WHERE transfer_id = $1`, old.Transfer.ID)
-	pass(t, database, PeriodicOptions{ReconcileOptions: periodic.ReconcileOptions, Full: true})
+	pass(t, database, PeriodicOptions{Options: periodic.Options, Full: true})
 
 	// A balance no transfer since moved, changed by hand: the sweep
 	// compares every balance within a round (here two passes of two).
 	database.MustExec(`UPDATE balance_projection SET balance_minor = balance_minor + 1 WHERE account = $1`, l.account(2))
-	sweep := PeriodicOptions{ReconcileOptions: periodic.ReconcileOptions, Sweep: 2}
+	sweep := PeriodicOptions{Options: periodic.Options, Sweep: 2}
 	found := 0
 	for range 3 {
 		if r := pass(t, database, sweep); r.DriftCount > 0 {
@@ -229,10 +230,8 @@ func TestDuplicateIntentsThatStraddleTheCutoffAreFound(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tx.Rollback()
-	var q strings.Builder
-	writeEventCall(&q, early)
 	var outcome string
-	if err := tx.GetContext(ctx, &outcome, q.String()); err != nil || outcome != "applied" {
+	if err := applyIn(ctx, tx, &outcome, early); err != nil || outcome != "applied" {
 		t.Fatalf("apply in an open transaction: %q, %v", outcome, err)
 	}
 	if r = pass(t, database, periodic); r.DupCount != 0 || r.DriftCount != 0 {
@@ -303,10 +302,8 @@ func TestTransactionsAcrossTheCutoffAreCountedOnce(t *testing.T) {
 					return
 				}
 				defer tx.Rollback()
-				var q strings.Builder
-				writeEventCall(&q, ev)
 				var outcome string
-				err = tx.GetContext(ctx, &outcome, q.String())
+				err = applyIn(ctx, tx, &outcome, ev)
 				open.Done()
 				if err != nil {
 					errs <- err

@@ -1,4 +1,4 @@
-package db
+package reconcile
 
 import "strings"
 

@@ -1,4 +1,4 @@
-package db
+package reconcile
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 
 	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
+
+	"transferconsumer/db"
 )
 
 // Whether a pass may start from the checkpoint (adr/0007, "When the
@@ -62,7 +64,7 @@ func TestACheckpointFromBeforeARestoreIsNotTrusted(t *testing.T) {
 			// transfers since did not move, changed by hand, beyond the
 			// sweep's share.
 			database.MustExec(`UPDATE balance_projection SET balance_minor = balance_minor - 3 WHERE account = $1`, l.account(0))
-			r := pass(t, database, PeriodicOptions{ReconcileOptions: periodic.ReconcileOptions, Sweep: 1})
+			r := pass(t, database, PeriodicOptions{Options: periodic.Options, Sweep: 1})
 			why := r.Checkpoint.Broken + r.Checkpoint.Distrusted
 			if !r.Full || !r.Checkpoint.Rebuilt || !strings.Contains(why, tc.why) || r.Checkpoint.Compared != tc.compared || r.DriftCount == 0 {
 				t.Errorf("full %v, rebuilt %v, why %q, compared %v, drift %d; want a full pass saying %q, compared %v, and the drift",
@@ -75,7 +77,7 @@ func TestACheckpointFromBeforeARestoreIsNotTrusted(t *testing.T) {
 			// deleted (its accounts' balances follow the transfers left).
 			database.MustExec(`UPDATE balance_projection SET balance_minor = balance_minor + 3 WHERE account = $1`, l.account(0))
 			database.MustExec(`UPDATE balance_projection b SET balance_minor = n.net_minor FROM reconcile_checkpoint_net n WHERE n.account = b.account`)
-			if r := pass(t, database, PeriodicOptions{ReconcileOptions: periodic.ReconcileOptions, Full: true}); r.DriftCount != 0 {
+			if r := pass(t, database, PeriodicOptions{Options: periodic.Options, Full: true}); r.DriftCount != 0 {
 				t.Fatalf("not mended: %+v", r.Drift)
 			}
 		})
@@ -195,7 +197,7 @@ func TestTheUpgradeKeepsTheCheckpointOfTheReleaseBefore(t *testing.T) {
 			database.MustExec(`UPDATE reconcile_checkpoint SET cutoff = pg_current_snapshot(), system_identifier = ` + tc.system + `,
 				written_by = pg_current_xact_id(), written_at = now(), witness_ids = '{}', witness_xids = '{}', rebuilt_at = now(), full_at = now()`)
 			database.MustExec(`UPDATE reconcile_checkpoint SET full_claimed_until = now() + interval '1 day'`)
-			if _, err := Migrate(context.Background(), database, os.DirFS("../sql")); err != nil {
+			if _, err := db.Migrate(context.Background(), database, os.DirFS("../sql")); err != nil {
 				t.Fatal(err)
 			}
 			l.create(2, 0, 3)

@@ -1,4 +1,4 @@
-package db
+package reconcile
 
 import (
 	"context"
@@ -143,10 +143,8 @@ func TestNeutralizingLeavesTransactionsInFlightAlone(t *testing.T) {
 	inFlight := newEvent(t, newID(), event.TransferCreated, newID(), l.account(2), l.account(3), 11)
 	tx := database.MustBeginTx(ctx, nil)
 	defer tx.Rollback()
-	var q strings.Builder
-	writeEventCall(&q, inFlight)
 	var outcome string
-	if err := tx.GetContext(ctx, &outcome, q.String()); err != nil || outcome != "applied" {
+	if err := applyIn(ctx, tx, &outcome, inFlight); err != nil || outcome != "applied" {
 		t.Fatalf("apply in an open transaction: %q, %v", outcome, err)
 	}
 	var inFlightXid int64
@@ -172,15 +170,13 @@ func TestNeutralizingLeavesTransactionsInFlightAlone(t *testing.T) {
 	held := l.restored(3, 0, 9, aheadXid(t, database), 0)
 	failing := database.MustBeginTx(ctx, nil)
 	defer failing.Rollback()
-	q.Reset()
-	writeEventCall(&q, newEvent(t, newID(), event.TransferFailed, held.Transfer.ID, held.Transfer.FromAccount, held.Transfer.ToAccount, 9))
-	if err := failing.GetContext(ctx, &outcome, q.String()); err != nil || outcome != "applied" {
+	if err := applyIn(ctx, failing, &outcome, newEvent(t, newID(), event.TransferFailed, held.Transfer.ID, held.Transfer.FromAccount, held.Transfer.ToAccount, 9)); err != nil || outcome != "applied" {
 		t.Fatalf("apply the failure in an open transaction: %q, %v", outcome, err)
 	}
 	done := make(chan Reconciliation, 1)
 	errs := make(chan error, 1)
 	go func() {
-		r, err := ReconcilePeriodic(ctx, database, periodic)
+		r, err := Periodic(ctx, database, periodic)
 		errs <- err
 		done <- r
 	}()

@@ -1,4 +1,4 @@
-package db
+package reconcile
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+
+	"transferconsumer/db"
 )
 
 // What the passes found, kept in reconcile_finding until a pass finds it
@@ -170,7 +172,7 @@ func readFindings(ctx context.Context, tx *sqlx.Tx, limit int, only string, r *R
 func ClaimFull(ctx context.Context, primary *sqlx.DB, every, bound time.Duration) (bool, error) {
 	tx, err := primary.BeginTxx(ctx, nil)
 	if err != nil {
-		return false, fmt.Errorf("reconcile: begin: %w", translate(err))
+		return false, fmt.Errorf("reconcile: begin: %w", db.Translate(err))
 	}
 	defer tx.Rollback()
 	if ok, err := startPass(ctx, tx, true); err != nil || !ok {
@@ -183,7 +185,7 @@ func ClaimFull(ctx context.Context, primary *sqlx.DB, every, bound time.Duration
 		return false, translateIn("claim the full pass", err)
 	}
 	if err := tx.Commit(); err != nil {
-		return false, fmt.Errorf("reconcile: commit: %w", translate(err))
+		return false, fmt.Errorf("reconcile: commit: %w", db.Translate(err))
 	}
 	return len(claimed) > 0, nil
 }
@@ -206,7 +208,7 @@ func ReleaseFull(ctx context.Context, primary *sqlx.DB) error {
 func RecordFull(ctx context.Context, primary *sqlx.DB, r Reconciliation) error {
 	tx, err := primary.BeginTxx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("reconcile: begin: %w", translate(err))
+		return fmt.Errorf("reconcile: begin: %w", db.Translate(err))
 	}
 	defer tx.Rollback()
 	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock($1)`, reconcileLock); err != nil {
@@ -261,7 +263,7 @@ func RecordFull(ctx context.Context, primary *sqlx.DB, r Reconciliation) error {
 		return translateIn("record the full pass", err)
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("reconcile: commit: %w", translate(err))
+		return fmt.Errorf("reconcile: commit: %w", db.Translate(err))
 	}
 	return nil
 }
