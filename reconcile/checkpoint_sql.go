@@ -104,37 +104,21 @@ LEFT JOIN balance_projection b ON b.account = c.account
 WHERE (b.account IS NULL AND (n.account IS NOT NULL OR d.account IS NOT NULL))
    OR b.balance_minor <> coalesce(n.net_minor, 0) + coalesce(d.delta, 0)`
 
-// recentDuplicates fills reconcile_pass_duplicate: duplicateQuery over the
-// transfers created from the window $1 before the earliest creation since
-// the cut-off, keeping the pairs of which one was created since: a pair
-// of two older creations was a pair for the pass before. Both creations of
-// a pair are at most the window apart, so both are among those read, and
-// so is every creation of the intent between them. The transfers of the
-// window are found by the BRIN index on created_at.
-const recentDuplicates = `INSERT INTO reconcile_pass_duplicate
+// recentDuplicates fills reconcile_pass_duplicate: intentPairsSQL over
+// the transfers created from the window $1 before the earliest creation
+// since the cut-off, keeping the pairs of which one was created since: a
+// pair of two older creations was a pair for the pass before. Both
+// creations of a pair are at most the window apart, so both are among
+// those read, and so is every creation of the intent between them. The
+// transfers of the window are found by the BRIN index on created_at.
+var recentDuplicates = `INSERT INTO reconcile_pass_duplicate
 WITH recent AS (
     SELECT transfer_id, from_account, to_account, amount_minor, currency, state, created_at FROM transfer
     WHERE created_at >= (SELECT min(created_at) FROM reconcile_pass_new WHERE created) - $1::interval
-), candidate AS (
-    SELECT DISTINCT from_account, to_account, amount_minor, currency
-    FROM (SELECT from_account, to_account, amount_minor, currency,
-                 created_at - lag(created_at) OVER (PARTITION BY from_account, to_account, amount_minor, currency
-                                                    ORDER BY created_at) AS gap
-          FROM recent) t
-    WHERE gap <= $1::interval
-), pair AS (
-    SELECT t.from_account, t.to_account, t.amount_minor, t.currency, t.transfer_id, t.created_at,
-           lag(t.transfer_id) OVER w AS earlier_transfer_id, lag(t.created_at) OVER w AS earlier_created_at
-    FROM recent t JOIN candidate c USING (from_account, to_account, amount_minor, currency)
-    WHERE t.state <> 'failed'
-    WINDOW w AS (PARTITION BY t.from_account, t.to_account, t.amount_minor, t.currency ORDER BY t.created_at)
 )
-SELECT from_account, to_account, amount_minor, currency, transfer_id, created_at, earlier_transfer_id, earlier_created_at
-FROM pair
-WHERE created_at - earlier_created_at <= $1::interval
-  AND NOT EXISTS (SELECT 1 FROM reconcile_dismissed d WHERE d.transfer_id = pair.transfer_id)
-  AND (transfer_id IN (SELECT transfer_id FROM reconcile_pass_new WHERE created)
-       OR earlier_transfer_id IN (SELECT transfer_id FROM reconcile_pass_new WHERE created))`
+SELECT * FROM (` + fmt.Sprintf(intentPairsSQL, "recent", "$1") + `) pair
+WHERE transfer_id IN (SELECT transfer_id FROM reconcile_pass_new WHERE created)
+   OR earlier_transfer_id IN (SELECT transfer_id FROM reconcile_pass_new WHERE created)`
 
 // moveCheckpoint adds what the transfers since the cut-off moved to the
 // checkpoint's nets, and moves its cut-off to this pass's snapshot, the

@@ -42,10 +42,8 @@ var repeatableReadWrite = &sql.TxOptions{Isolation: sql.LevelRepeatableRead}
 
 // The full pass's queries, into the working sets.
 var (
-	duplicatesInto = `INSERT INTO reconcile_pass_duplicate
-SELECT from_account, to_account, amount_minor, currency, transfer_id, created_at, earlier_transfer_id, earlier_created_at
-FROM (` + duplicateQuery + `) d`
-	waitingInto = `INSERT INTO reconcile_pass_waiting
+	duplicatesInto = `INSERT INTO reconcile_pass_duplicate` + fmt.Sprintf(intentPairsSQL, "transfer", "$1")
+	waitingInto    = `INSERT INTO reconcile_pass_waiting
 SELECT transfer_id, event_id, event_type, from_account, to_account, amount_minor, currency, received_at
 FROM (` + waitingQuery + `) w`
 )
@@ -204,7 +202,7 @@ func rebuild(ctx context.Context, tx *sqlx.Tx, o PeriodicOptions, r *Reconciliat
 	}{
 		{"balances", `INSERT INTO reconcile_pass_drift
 			SELECT account, expected, actual, difference FROM reconcile_pass_full WHERE kind = 'drift'`, nil},
-		{"duplicate intents", duplicatesInto, []any{math.MaxInt32, interval(o.Window)}},
+		{"duplicate intents", duplicatesInto, []any{interval(o.Window)}},
 		{"waiting transitions", waitingInto, []any{math.MaxInt32, interval(o.PendingAfter)}},
 	} {
 		if _, err := tx.ExecContext(ctx, step.query, step.args...); err != nil {

@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -336,5 +337,41 @@ func TestTransactionsAcrossTheCutoffAreCountedOnce(t *testing.T) {
 	}
 	if full := fullPass(t, database); full.DriftCount != 0 || full.ChangedCount != 0 || !full.Checkpoint.Compared {
 		t.Errorf("full pass at the end: drift %+v, changed %+v, compared %v", full.Drift, full.Changed, full.Checkpoint.Compared)
+	}
+}
+
+// Each pass finds duplicate intents by the one definition
+// (intentPairsSQL): the periodic pass over the recent transfers, the
+// read-only full pass and the rebuild over all of them find the same
+// pair, and none of them a retry after a failure or a pair a person
+// dismissed.
+func TestEveryPassFindsTheSameDuplicateIntents(t *testing.T) {
+	database := testDB(t, 4)
+	l := newLedger(t, database)
+	pass(t, database, periodic) // the checkpoint
+	first, second := l.create(0, 1, 25), l.create(0, 1, 25)
+	l.fail(l.create(1, 2, 30))
+	l.create(1, 2, 30)
+	l.create(2, 3, 40)
+	dismissed := l.create(2, 3, 40)
+	database.MustExec(`INSERT INTO reconcile_dismissed (transfer_id, note) VALUES ($1, 'two payments')`, dismissed.Transfer.ID)
+	pairs := func(r Reconciliation) string {
+		var out []string
+		for _, d := range r.Duplicates {
+			out = append(out, d.Transfer+" repeats "+d.Earlier)
+		}
+		return fmt.Sprintf("%d: %s", r.DupCount, strings.Join(out, ", "))
+	}
+	want := "1: " + second.Transfer.ID + " repeats " + first.Transfer.ID
+	if got := pairs(pass(t, database, periodic)); got != want {
+		t.Errorf("the periodic pass: %s, want %s", got, want)
+	}
+	if got := pairs(fullPass(t, database)); got != want {
+		t.Errorf("the read-only full pass: %s, want %s", got, want)
+	}
+	rebuild := periodic
+	rebuild.Full = true
+	if r := pass(t, database, rebuild); !r.Full || pairs(r) != want {
+		t.Errorf("the rebuild: full %v, %s, want %s", r.Full, pairs(r), want)
 	}
 }

@@ -115,41 +115,48 @@ SELECT 'net', account, expected, NULL, 0, 0, 0, false FROM net WHERE $4::bool`
 // a checkpoint made after the first was found, is a finding of its own.
 const changedSubject = `(%[1]s || '@' || to_char(coalesce(%[2]s, %[3]s) AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))`
 
-// duplicateQuery finds creations that repeat the intent of the one before
-// them (the same accounts, amount and currency, another transferId) within
-// the window $2, among transfers that moved money: a failed one gave its
-// amount back, and a retry after a failure is no duplicate. A creation a
-// person dismissed (reconcile_dismissed) is not reported again.
+// intentPairsSQL finds, among the transfers of the relation %[1]s (transfer,
+// or the periodic pass's recent ones), the creations that repeat the intent
+// of the one before them (the same accounts, amount and currency, another
+// transferId) within the window %[2]s (an interval), among transfers that
+// moved money: a failed one gave its amount back, and a retry after a
+// failure is no duplicate. A creation a person dismissed
+// (reconcile_dismissed) is not reported again. It is the one definition
+// of a duplicate intent: duplicateQuery (the full pass) and
+// recentDuplicates (the periodic pass) both read it.
 //
 // First the intents that have two creations of any state within the
-// window, ordered by intent and time: a sort of the whole table, since no
-// index holds the intent (an index on it cost an event's WAL far more than
-// it saved this pass, adr/0012); then, for those few, the pairs among the
-// transfers that did not fail. Every such pair is
-// found: between two creations at most the window apart, each creation of
-// the same intent follows the one before it by less.
-//
-// The periodic pass runs it over the transfers of the last window only
-// (recentDuplicateQuery).
-const duplicateQuery = `
+// window, ordered by intent and time: a sort of the whole relation, since
+// no index holds the intent (an index on it cost an event's WAL far more
+// than it saved this pass, adr/0012); then, for those few, the pairs among
+// the transfers that did not fail. Every such pair is found: between two
+// creations at most the window apart, each creation of the same intent
+// follows the one before it by less.
+const intentPairsSQL = `
 WITH candidate AS (
     SELECT DISTINCT from_account, to_account, amount_minor, currency
     FROM (SELECT from_account, to_account, amount_minor, currency,
                  created_at - lag(created_at) OVER (PARTITION BY from_account, to_account, amount_minor, currency
                                                     ORDER BY created_at) AS gap
-          FROM transfer) t
-    WHERE gap <= $2::interval
+          FROM %[1]s) t
+    WHERE gap <= %[2]s::interval
 ), pair AS (
     SELECT t.from_account, t.to_account, t.amount_minor, t.currency, t.transfer_id, t.created_at,
            lag(t.transfer_id) OVER w AS earlier_transfer_id, lag(t.created_at) OVER w AS earlier_created_at
-    FROM transfer t JOIN candidate c USING (from_account, to_account, amount_minor, currency)
+    FROM %[1]s t JOIN candidate c USING (from_account, to_account, amount_minor, currency)
     WHERE t.state <> 'failed'
     WINDOW w AS (PARTITION BY t.from_account, t.to_account, t.amount_minor, t.currency ORDER BY t.created_at)
 )
-SELECT *, count(*) OVER () AS total
+SELECT from_account, to_account, amount_minor, currency, transfer_id, created_at, earlier_transfer_id, earlier_created_at
 FROM pair
-WHERE created_at - earlier_created_at <= $2::interval
-  AND NOT EXISTS (SELECT 1 FROM reconcile_dismissed d WHERE d.transfer_id = pair.transfer_id)
+WHERE created_at - earlier_created_at <= %[2]s::interval
+  AND NOT EXISTS (SELECT 1 FROM reconcile_dismissed d WHERE d.transfer_id = pair.transfer_id)`
+
+// duplicateQuery is intentPairsSQL over every transfer, within the window
+// $2: the first $1 pairs, oldest first, with their total.
+var duplicateQuery = `
+SELECT *, count(*) OVER () AS total
+FROM (` + fmt.Sprintf(intentPairsSQL, "transfer", "$2") + `) pair
 ORDER BY created_at, transfer_id
 LIMIT greatest($1::int, 1)`
 
