@@ -15,7 +15,7 @@ import (
 // resolved, or, a changed finding, until a person does (adr/0007,
 // "Nothing found is lost between passes").
 
-// recordSQL writes a pass's findings (the working sets
+// writeFindingsSQL writes a pass's findings (the working sets
 // reconcile_pass_drift, _duplicate, _waiting and the changed rows of
 // _full) into reconcile_finding, keeping when each was first seen, and
 // deletes those the pass found resolved:
@@ -25,7 +25,8 @@ import (
 //     reads all of pending_transition;
 //   - a duplicate intent, when a full pass did not find it, or (the
 //     periodic pass, which reads only the last window) when one of its two
-//     transfers failed or is gone, or a person dismissed it.
+//     transfers failed or is gone, or a person dismissed it (%s: the
+//     pass's forgetDuplicates).
 //
 // A changed finding is never deleted: once the checkpoint is made anew
 // from the transfers as they are, no pass can find the change again, and
@@ -34,7 +35,7 @@ import (
 // subject names that checkpoint, changedSubject), and found again only
 // while that checkpoint stands (a standby's full pass, then the primary's
 // that makes it anew): then only last_seen moves.
-var recordSQL = `
+var writeFindingsSQL = `
 DELETE FROM reconcile_finding f WHERE f.kind = 'drift'
     AND NOT EXISTS (SELECT 1 FROM reconcile_pass_drift d WHERE d.account = f.subject);
 DELETE FROM reconcile_finding f WHERE f.kind = 'waiting'
@@ -55,22 +56,23 @@ FROM reconcile_pass_full p, reconcile_checkpoint c
 WHERE p.kind = 'changed'
 ON CONFLICT (kind, subject) DO UPDATE SET last_seen = EXCLUDED.last_seen`
 
+// The duplicate intents a pass forgets: the full pass, those it did not
+// find; the periodic pass, which reads only the last window, those found
+// resolved since (one of the two transfers failed or is gone, or a person
+// dismissed the pair).
 const (
-	duplicatesNotFound = `DELETE FROM reconcile_finding f WHERE f.kind = 'duplicate'
+	forgetDuplicatesNotFound = `DELETE FROM reconcile_finding f WHERE f.kind = 'duplicate'
     AND NOT EXISTS (SELECT 1 FROM reconcile_pass_duplicate d WHERE d.transfer_id::text = f.subject)`
-	duplicatesResolved = `DELETE FROM reconcile_finding f WHERE f.kind = 'duplicate'
+	forgetDuplicatesResolved = `DELETE FROM reconcile_finding f WHERE f.kind = 'duplicate'
     AND NOT EXISTS (SELECT 1 FROM transfer l JOIN transfer e ON e.transfer_id = (f.detail->>'earlier_transfer_id')::uuid
                     WHERE l.transfer_id = f.subject::uuid AND l.state <> 'failed' AND e.state <> 'failed'
                       AND NOT EXISTS (SELECT 1 FROM reconcile_dismissed x WHERE x.transfer_id = l.transfer_id))`
 )
 
-// record writes the findings of a pass, a full one or a periodic one.
-func record(ctx context.Context, tx *sqlx.Tx, full bool) error {
-	dups := duplicatesResolved
-	if full {
-		dups = duplicatesNotFound
-	}
-	if _, err := tx.ExecContext(ctx, fmt.Sprintf(recordSQL, dups)); err != nil {
+// writeFindings writes down the findings of a pass (writeFindingsSQL),
+// forgetting the duplicate intents forgetDuplicates deletes.
+func writeFindings(ctx context.Context, tx *sqlx.Tx, forgetDuplicates string) error {
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf(writeFindingsSQL, forgetDuplicates)); err != nil {
 		return translateIn("write the findings", err)
 	}
 	return nil
@@ -83,9 +85,10 @@ const unresolved = `NOT EXISTS (SELECT 1 FROM reconcile_resolved r WHERE r.kind 
 
 // findingsQuery reads the first $1 findings of each kind (at least one,
 // for the count), or of the kind $2 only, in the order a pass reports
-// them, with their totals.
+// them, with their totals. Each detail carries when it was first seen,
+// under the key its type reads it by (first_seen).
 const findingsQuery = `
-SELECT kind, detail, first_seen, total FROM (
+SELECT kind, detail || jsonb_build_object('first_seen', first_seen) AS detail, total FROM (
     SELECT kind, detail, first_seen, count(*) OVER (PARTITION BY kind) AS total,
            row_number() OVER (PARTITION BY kind ORDER BY
                CASE kind WHEN 'duplicate' THEN (detail->>'created_at')::timestamptz
@@ -95,16 +98,18 @@ SELECT kind, detail, first_seen, total FROM (
 WHERE n <= greatest($1::int, 1)
 ORDER BY kind, n`
 
+// findingRow is a row of findingsQuery.
+type findingRow struct {
+	Kind   string `db:"kind"`
+	Detail []byte `db:"detail"`
+	Total  int    `db:"total"`
+}
+
 // readFindings sets r's findings to those recorded and not resolved, the
 // first limit of each kind; with only, of that kind alone (the others
 // are left as they are).
 func readFindings(ctx context.Context, tx *sqlx.Tx, limit int, only string, r *Reconciliation) error {
-	var rows []struct {
-		Kind      string    `db:"kind"`
-		Detail    []byte    `db:"detail"`
-		FirstSeen time.Time `db:"first_seen"`
-		Total     int       `db:"total"`
-	}
+	var rows []findingRow
 	var kind *string
 	if only != "" {
 		kind = &only
@@ -121,46 +126,36 @@ func readFindings(ctx context.Context, tx *sqlx.Tx, limit int, only string, r *R
 	}
 	r.Changed, r.ChangedCount = nil, 0
 	for _, row := range rows {
-		seen := row.FirstSeen
 		var err error
 		switch row.Kind {
 		case "drift":
-			r.DriftCount = row.Total
-			if len(r.Drift) < limit {
-				var d Drift
-				err = json.Unmarshal(row.Detail, &d)
-				d.FirstSeen = &seen
-				r.Drift = append(r.Drift, d)
-			}
+			err = keepFinding(&r.Drift, &r.DriftCount, row, limit)
 		case "duplicate":
-			r.DupCount = row.Total
-			if len(r.Duplicates) < limit {
-				var d Duplicate
-				err = json.Unmarshal(row.Detail, &d)
-				d.FirstSeen = &seen
-				r.Duplicates = append(r.Duplicates, d)
-			}
+			err = keepFinding(&r.Duplicates, &r.DupCount, row, limit)
 		case "waiting":
-			r.WaitCount = row.Total
-			if len(r.Waiting) < limit {
-				var w Waiting
-				err = json.Unmarshal(row.Detail, &w)
-				w.FirstSeen = &seen
-				r.Waiting = append(r.Waiting, w)
-			}
+			err = keepFinding(&r.Waiting, &r.WaitCount, row, limit)
 		case "changed":
-			r.ChangedCount = row.Total
-			if len(r.Changed) < limit {
-				var c Changed
-				err = json.Unmarshal(row.Detail, &c)
-				c.FirstSeen = &seen
-				r.Changed = append(r.Changed, c)
-			}
+			err = keepFinding(&r.Changed, &r.ChangedCount, row, limit)
 		}
 		if err != nil {
 			return fmt.Errorf("reconcile: read a %s finding: %w", row.Kind, err)
 		}
 	}
+	return nil
+}
+
+// keepFinding counts row's kind (count, its total) and appends its finding
+// to list while list holds fewer than limit.
+func keepFinding[T any](list *[]T, count *int, row findingRow, limit int) error {
+	*count = row.Total
+	if len(*list) >= limit {
+		return nil
+	}
+	var f T
+	if err := json.Unmarshal(row.Detail, &f); err != nil {
+		return err
+	}
+	*list = append(*list, f)
 	return nil
 }
 

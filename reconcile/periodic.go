@@ -99,7 +99,7 @@ func Periodic(ctx context.Context, database *sqlx.DB, o PeriodicOptions) (Reconc
 	if r.Full {
 		err = rebuild(ctx, tx, o, &r)
 	} else {
-		err = since(ctx, tx, o, &r)
+		err = fromCheckpoint(ctx, tx, o, &r)
 	}
 	if err != nil {
 		return r, err
@@ -117,10 +117,10 @@ func Periodic(ctx context.Context, database *sqlx.DB, o PeriodicOptions) (Reconc
 	return r, nil
 }
 
-// since is the pass from a trusted checkpoint: it costs the transfers
+// fromCheckpoint is the pass from a trusted checkpoint: it costs the transfers
 // committed since its cut-off, the window before them, the sweep's share
 // and the waiting transitions, not the history.
-func since(ctx context.Context, tx *sqlx.Tx, o PeriodicOptions, r *Reconciliation) error {
+func fromCheckpoint(ctx context.Context, tx *sqlx.Tx, o PeriodicOptions, r *Reconciliation) error {
 	c := r.Checkpoint
 	// The transfers since the cut-off are found by the BRIN indexes, the
 	// rest by key. A plan that read the table instead would cost the
@@ -161,7 +161,7 @@ func since(ctx context.Context, tx *sqlx.Tx, o PeriodicOptions, r *Reconciliatio
 			return translateIn(step.what, err)
 		}
 	}
-	if err := record(ctx, tx, false); err != nil {
+	if err := writeFindings(ctx, tx, forgetDuplicatesResolved); err != nil {
 		return err
 	}
 	next := ""
@@ -190,7 +190,7 @@ func rebuild(ctx context.Context, tx *sqlx.Tx, o PeriodicOptions, r *Reconciliat
 		return translateIn("balances", err)
 	}
 	// The accounts that differ from the checkpoint are written down by
-	// record, before the checkpoint is made anew from the transfers as
+	// writeFindings, before the checkpoint is made anew from the transfers as
 	// they are: each is then reported until a person resolves it, and
 	// the checkpoint made anew does not absorb it.
 	if err := tx.GetContext(ctx, &r.Checkpoint.Differs, `SELECT count(*) FROM reconcile_pass_full WHERE kind = 'changed'`); err != nil {
@@ -209,7 +209,7 @@ func rebuild(ctx context.Context, tx *sqlx.Tx, o PeriodicOptions, r *Reconciliat
 			return translateIn(step.what, err)
 		}
 	}
-	if err := record(ctx, tx, true); err != nil {
+	if err := writeFindings(ctx, tx, forgetDuplicatesNotFound); err != nil {
 		return err
 	}
 	if _, err := tx.ExecContext(ctx, rebuildCheckpoint); err != nil {
