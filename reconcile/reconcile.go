@@ -86,6 +86,18 @@ type Reconciliation struct {
 	OldestFinding *time.Time
 }
 
+// LastFull is when the last full pass ended: r, or the one the database
+// recorded before it; zero before the first.
+func (r Reconciliation) LastFull() time.Time {
+	switch {
+	case r.Full:
+		return r.At
+	case r.Checkpoint.FullAt != nil:
+		return *r.Checkpoint.FullAt
+	}
+	return time.Time{}
+}
+
 // Checkpoint is what a pass made of the checkpoint it found.
 type Checkpoint struct {
 	// Present: there is one, or there was until a pass forgot it
