@@ -35,6 +35,10 @@ func testDBWith(t testing.TB, maxConns int, migrations fs.FS) *sqlx.DB {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { database.Close() })
+	// Its own bound: twenty-odd migrations take seconds on a loaded
+	// machine, where ten seconds for them all timed tests out.
+	ctx, cancel = context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
 	if _, err := Migrate(ctx, database, migrations); err != nil {
 		t.Fatal(err)
 	}
