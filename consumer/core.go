@@ -211,7 +211,8 @@ func (c *core) decoded(s *inHand, ev event.Event, err error) {
 	c.arrived()
 }
 
-// letter makes s a dead letter for err.
+// letter makes s a dead letter for err, the message's own fault (or a
+// panic's, blamed on it): its class does not depend on the session's end.
 func (c *core) letter(s *inHand, err error) {
 	s.Next, s.Err, s.Class = nextLetter, err, event.ClassOf(context.Background(), err)
 }
@@ -258,13 +259,13 @@ func (c *core) applied(outs []event.Outcome, err error, class event.Class) {
 		for i, s := range tried {
 			o := outs[i]
 			if o.Err != nil { // a producer conflict: that event's own fault
-				s.Next, s.Err, s.Class = nextLetter, o.Err, event.ClassOf(context.Background(), o.Err)
+				c.letter(s, o.Err)
 				continue
 			}
 			s.Next, s.Duplicate, s.Outbox = nextAck, o.Duplicate, o.Outbox
 			c.blame = true
 		}
-		c.failures, c.lastErr, c.backoff = 0, nil, false
+		c.stopRetrying()
 		c.size = min(c.max, c.size*2)
 		c.suspects = max(0, c.suspects-n)
 		return
@@ -278,7 +279,7 @@ func (c *core) applied(outs []event.Outcome, err error, class event.Class) {
 			c.suspects = n // the one to blame is among them: try the first half
 			return
 		}
-		tried[0].Next, tried[0].Err, tried[0].Class = nextLetter, err, class
+		c.letter(tried[0], err)
 		c.suspects = 0
 		return
 	case ActionRequeue: // the service is stopping: back to the queue, in order
@@ -295,16 +296,14 @@ func (c *core) applied(outs []event.Outcome, err error, class event.Class) {
 		s := tried[0]
 		s.Panics++
 		if s.Panics >= panicLimit && c.blame {
-			s.Next, s.Err, s.Class = nextLetter, err, class
+			c.letter(s, err)
 			c.blame, c.suspects = false, 0
 			return
 		}
 	}
 	// The environment, nobody knows, or a panic not yet blamed on its
 	// message: retry in place, with fewer events.
-	c.failures++
-	c.lastErr = err
-	c.backoff = true
+	c.retryLater(err)
 	c.size = max(1, n/2)
 	for _, s := range tried {
 		s.Retries++
@@ -330,7 +329,7 @@ func (c *core) copied(f copyFact, err error) {
 	switch f {
 	case factConfirmed, factParked:
 		s.Next, s.Park = nextCopied, false
-		c.failures, c.lastErr, c.backoff = 0, nil, false
+		c.stopRetrying()
 	case factRefused:
 		s.Next = nextRefused // the queue dead-letters it
 	case factAlarm:
@@ -343,14 +342,25 @@ func (c *core) copied(f copyFact, err error) {
 		s.Next = nextReturn
 	case factParkFailed:
 		s.Park = false // the alarm may have passed by the next attempt
-		c.failures++
-		c.lastErr = err
-		c.backoff = true
+		c.retryLater(err)
 	}
 	if s.Class == event.ClassPanic && s.Next.final() {
 		c.blame = false // a panic's letter: until something is applied again, a panic is not the message's
 	}
 }
+
+// retryLater: the environment failed (err), or may have: the next attempt
+// waits a backoff, longer with each failure in a row, and the queue is
+// blocked meanwhile (retrying).
+func (c *core) retryLater(err error) {
+	c.failures++
+	c.lastErr = err
+	c.backoff = true
+}
+
+// stopRetrying: an attempt passed; the queue is no longer blocked, and the
+// next failure waits the first backoff.
+func (c *core) stopRetrying() { c.failures, c.lastErr, c.backoff = 0, nil, false }
 
 // tick: the wait under way has ended.
 func (c *core) tick() {

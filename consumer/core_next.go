@@ -92,9 +92,7 @@ hand:
 		// Decoding it panicked, and the queue has applied nothing since
 		// another panic's dead letter: the service is broken, not the
 		// message. It waits in place, as long as it takes.
-		c.failures++
-		c.lastErr = letter.Err
-		c.backoff = true
+		c.retryLater(letter.Err)
 	}
 	if c.backoff {
 		c.busy = cmdWait
