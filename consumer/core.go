@@ -1,7 +1,6 @@
 package consumer
 
 import (
-	"context"
 	"errors"
 	"fmt"
 
@@ -13,7 +12,8 @@ import (
 // machine: facts in, commands out, and the caller does the I/O. The worker
 // (worker.go) feeds it what happened (a delivery arrived, and what the
 // shell knows of it: its size, whether its producer is on the allow-list,
-// its decoded event; an attempt to apply returned; what became of a dead
+// its decoded event; an attempt to apply returned, and why the session had
+// ended by then, for the core to classify its error; what became of a dead
 // letter's copy or of its parking; the journal ticket what an apply or a
 // park committed waits for, and that the journal holds a ticket; a wait
 // ended; the session ended; the shutdown timeout passed; the broker
@@ -214,7 +214,7 @@ func (c *core) decoded(s *inHand, ev event.Event, err error) {
 // letter makes s a dead letter for err, the message's own fault (or a
 // panic's, blamed on it): its class does not depend on the session's end.
 func (c *core) letter(s *inHand, err error) {
-	s.Next, s.Err, s.Class = nextLetter, err, event.ClassOf(context.Background(), err)
+	s.Next, s.Err, s.Class = nextLetter, err, classOf(err, nil)
 }
 
 // arrived ends the linger once the batch is full.
@@ -240,9 +240,12 @@ func (c *core) pending() []*inHand {
 }
 
 // applied takes the outcome of the attempt under way: one Outcome per
-// event when the transaction committed, else the error (of class) that
-// failed it whole.
-func (c *core) applied(outs []event.Outcome, err error, class event.Class) {
+// event when the transaction committed, else the error that failed it
+// whole, with why the session had ended when it returned (ended: its
+// context's cause; nil while it lasts), which its class depends on
+// (classOf).
+func (c *core) applied(outs []event.Outcome, err, ended error) {
+	class := classOf(err, ended)
 	var tried []*inHand
 	for _, s := range c.hand {
 		if s.Next == nextApplying {

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -15,7 +16,7 @@ import (
 // drive feeds the core and records the commands it gives, answering each
 // apply with result(tags) and each copy with copied. It stops at cmdNone
 // or cmdDone.
-func drive(c *core, result func(tags []uint64) ([]event.Outcome, error, event.Class)) []string {
+func drive(c *core, result func(tags []uint64) ([]event.Outcome, error)) []string {
 	var log []string
 	for i := 0; i < 100; i++ {
 		cmd := c.next()
@@ -32,9 +33,9 @@ func drive(c *core, result func(tags []uint64) ([]event.Outcome, error, event.Cl
 		case cmdNone, cmdDone:
 			return append(log, cmd.Kind.String())
 		case cmdApply:
-			outs, err, class := result(tags)
+			outs, err := result(tags)
 			log = append(log, fmt.Sprintf("apply %v", tags))
-			c.applied(outs, err, class)
+			c.applied(outs, err, nil)
 		case cmdCopy:
 			log = append(log, fmt.Sprintf("copy %v", tags))
 			c.copied(factConfirmed, nil)
@@ -67,8 +68,8 @@ func deliverN(c *core, n int, bad ...uint64) {
 	}
 }
 
-func ok(tags []uint64) ([]event.Outcome, error, event.Class) {
-	return make([]event.Outcome, len(tags)), nil, ""
+func ok(tags []uint64) ([]event.Outcome, error) {
+	return make([]event.Outcome, len(tags)), nil
 }
 
 func TestCoreSchedules(t *testing.T) {
@@ -78,7 +79,7 @@ func TestCoreSchedules(t *testing.T) {
 		max    int
 		n      int
 		poison []uint64
-		result func(c *core, tags []uint64) ([]event.Outcome, error, event.Class)
+		result func(c *core, tags []uint64) ([]event.Outcome, error)
 		want   string
 		prefix bool // want is how it starts; it goes on the same way
 	}{
@@ -87,47 +88,47 @@ func TestCoreSchedules(t *testing.T) {
 		{name: "poison is copied, the rest applied, one ack covers both", max: 50, n: 3, poison: []uint64{2},
 			want: "copy [2]; apply [1 3]; ack 3 multiple=true; none"},
 		{name: "an event the database refuses is found by halves; only it is dead-lettered", max: 50, n: 4,
-			result: func(_ *core, tags []uint64) ([]event.Outcome, error, event.Class) {
+			result: func(_ *core, tags []uint64) ([]event.Outcome, error) {
 				for _, tag := range tags {
 					if tag == 3 {
-						return nil, event.Rejected(errors.New("22003")), event.ClassRejected
+						return nil, event.Rejected(errors.New("22003"))
 					}
 				}
-				return make([]event.Outcome, len(tags)), nil, ""
+				return make([]event.Outcome, len(tags)), nil
 			},
 			want: "apply [1 2 3 4]; apply [1 2]; ack 2 multiple=true; apply [3]; copy [3]; ack 3 multiple=false; apply [4]; ack 4 multiple=false; none"},
 		{name: "the environment fails a batch: retried in place with half as many", max: 50, n: 4,
-			result: func(c *core, tags []uint64) ([]event.Outcome, error, event.Class) {
+			result: func(c *core, tags []uint64) ([]event.Outcome, error) {
 				if len(tags) > 2 {
-					return nil, transient, event.ClassTransient
+					return nil, transient
 				}
-				return make([]event.Outcome, len(tags)), nil, ""
+				return make([]event.Outcome, len(tags)), nil
 			},
 			want: "apply [1 2 3 4]; wait; apply [1 2]; ack 2 multiple=true; apply [3 4]; ack 4 multiple=true; none"},
 		{name: "a panic is retried in place, then dead-lettered; the event behind waits for it", max: 1, n: 2,
-			result: func(_ *core, tags []uint64) ([]event.Outcome, error, event.Class) {
+			result: func(_ *core, tags []uint64) ([]event.Outcome, error) {
 				if tags[0] == 1 {
-					return nil, event.Panicked(errors.New("panic: boom")), event.ClassPanic
+					return nil, event.Panicked(errors.New("panic: boom"))
 				}
-				return make([]event.Outcome, len(tags)), nil, ""
+				return make([]event.Outcome, len(tags)), nil
 			},
 			want: "apply [1]; wait; apply [1]; wait; apply [1]; copy [1]; ack 1 multiple=false; apply [2]; ack 2 multiple=false; none"},
 		{name: "a second panic with nothing applied since is the service's: it stays in place", max: 1, n: 2,
-			result: func(_ *core, tags []uint64) ([]event.Outcome, error, event.Class) {
-				return nil, event.Panicked(errors.New("panic: boom")), event.ClassPanic
+			result: func(_ *core, tags []uint64) ([]event.Outcome, error) {
+				return nil, event.Panicked(errors.New("panic: boom"))
 			},
 			want: "apply [1]; wait; apply [1]; wait; apply [1]; copy [1]; ack 1 multiple=false; " +
 				strings.Repeat("apply [2]; wait; ", 10), prefix: true},
 		{name: "the session ends while the environment fails: nothing more applied, all returned by the close", max: 50, n: 3,
-			result: func(c *core, tags []uint64) ([]event.Outcome, error, event.Class) {
+			result: func(c *core, tags []uint64) ([]event.Outcome, error) {
 				c.end()
-				return nil, transient, event.ClassTransient
+				return nil, transient
 			},
 			want: "apply [1 2 3]; close returning [1 2 3]; done"},
 		{name: "the session ends after a commit: ack what committed, return the rest", max: 2, n: 3,
-			result: func(c *core, tags []uint64) ([]event.Outcome, error, event.Class) {
+			result: func(c *core, tags []uint64) ([]event.Outcome, error) {
 				c.end()
-				return make([]event.Outcome, len(tags)), nil, ""
+				return make([]event.Outcome, len(tags)), nil
 			},
 			want: "apply [1 2]; ack 2 multiple=true; close returning [3]; done"},
 	}
@@ -135,7 +136,7 @@ func TestCoreSchedules(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := newCore(coreConfig{Max: tt.max})
 			deliverN(c, tt.n, tt.poison...)
-			result := func(tags []uint64) ([]event.Outcome, error, event.Class) {
+			result := func(tags []uint64) ([]event.Outcome, error) {
 				if tt.result == nil {
 					return ok(tags)
 				}
@@ -164,7 +165,7 @@ func TestCoreRejectsARefusedCopyBeforeTheAck(t *testing.T) {
 		case cmdCopy:
 			c.copied(factRefused, errors.New("nacked"))
 		case cmdApply:
-			c.applied(make([]event.Outcome, len(cmd.Hand)), nil, "")
+			c.applied(make([]event.Outcome, len(cmd.Hand)), nil, nil)
 		case cmdAck:
 			if cmd.Tag != 3 || !cmd.Multiple {
 				t.Errorf("ack %d multiple=%v, want 3 multiple", cmd.Tag, cmd.Multiple)
@@ -244,7 +245,7 @@ func TestCoreSettlesNothingAfterTheBrokersCancel(t *testing.T) {
 		t.Fatalf("first command %v, want apply", cmd.Kind)
 	}
 	c.cancel()
-	c.applied(make([]event.Outcome, 3), nil, "")
+	c.applied(make([]event.Outcome, 3), nil, nil)
 	cmd := c.next()
 	if cmd.Kind != cmdClose || len(cmd.Settled) != 3 {
 		t.Fatalf("after the cancel: %v settling %d, want close returning all 3", cmd.Kind, len(cmd.Settled))
@@ -332,7 +333,7 @@ func TestCoreSettlesOnlyWhatTheJournalHolds(t *testing.T) {
 			steps: func(c *core, do func(string)) {
 				do("apply")
 				c.journaling(1)
-				c.applied(make([]event.Outcome, 1), nil, "")
+				c.applied(make([]event.Outcome, 1), nil, nil)
 				do("next")
 				c.journaled(1)
 				do("next")
@@ -343,10 +344,10 @@ func TestCoreSettlesOnlyWhatTheJournalHolds(t *testing.T) {
 			steps: func(c *core, do func(string)) {
 				do("apply")
 				c.journaling(1)
-				c.applied(make([]event.Outcome, 1), nil, "")
+				c.applied(make([]event.Outcome, 1), nil, nil)
 				do("apply")
 				c.journaling(2)
-				c.applied(make([]event.Outcome, 1), nil, "")
+				c.applied(make([]event.Outcome, 1), nil, nil)
 				do("next")
 				c.journaled(2)
 				do("next")
@@ -358,7 +359,7 @@ func TestCoreSettlesOnlyWhatTheJournalHolds(t *testing.T) {
 				c.copied(factConfirmed, nil)
 				do("apply")
 				c.journaling(1)
-				c.applied(make([]event.Outcome, 1), nil, "")
+				c.applied(make([]event.Outcome, 1), nil, nil)
 				do("next")
 				c.journaled(1)
 				do("next")
@@ -368,7 +369,7 @@ func TestCoreSettlesOnlyWhatTheJournalHolds(t *testing.T) {
 			steps: func(c *core, do func(string)) {
 				do("apply")
 				c.journaling(1)
-				c.applied(nil, conflict, event.ClassConflict)
+				c.applied(nil, conflict, nil)
 				do("copy")
 				c.copied(factConfirmed, nil)
 				do("next")
@@ -392,7 +393,7 @@ func TestCoreSettlesOnlyWhatTheJournalHolds(t *testing.T) {
 			steps: func(c *core, do func(string)) {
 				do("apply")
 				c.journaling(1)
-				c.applied(make([]event.Outcome, 1), nil, "")
+				c.applied(make([]event.Outcome, 1), nil, nil)
 				c.end()
 				do("next")
 				c.journaled(1)
@@ -405,7 +406,7 @@ func TestCoreSettlesOnlyWhatTheJournalHolds(t *testing.T) {
 			steps: func(c *core, do func(string)) {
 				do("apply")
 				c.journaling(1)
-				c.applied(make([]event.Outcome, 1), nil, "")
+				c.applied(make([]event.Outcome, 1), nil, nil)
 				c.end()
 				do("next")
 				c.expired()
@@ -417,7 +418,7 @@ func TestCoreSettlesOnlyWhatTheJournalHolds(t *testing.T) {
 			steps: func(c *core, do func(string)) {
 				do("apply")
 				c.journaling(1)
-				c.applied(make([]event.Outcome, 1), nil, "")
+				c.applied(make([]event.Outcome, 1), nil, nil)
 				do("next")
 				c.cancel()
 				c.journaled(1) // too late: nothing more is settled
@@ -429,7 +430,7 @@ func TestCoreSettlesOnlyWhatTheJournalHolds(t *testing.T) {
 			steps: func(c *core, do func(string)) {
 				do("apply")
 				c.journaling(1)
-				c.applied(make([]event.Outcome, 1), nil, "")
+				c.applied(make([]event.Outcome, 1), nil, nil)
 				c.channelClosed()
 				do("next")
 				do("next")
@@ -439,7 +440,7 @@ func TestCoreSettlesOnlyWhatTheJournalHolds(t *testing.T) {
 			steps: func(c *core, do func(string)) {
 				do("apply")
 				c.journaling(1)
-				c.applied(make([]event.Outcome, 1), nil, "")
+				c.applied(make([]event.Outcome, 1), nil, nil)
 				c.journaled(1)
 				do("ack")
 				c.commandFailed(command{Kind: cmdAck}, errors.New("channel closed"))
@@ -463,5 +464,42 @@ func TestCoreSettlesOnlyWhatTheJournalHolds(t *testing.T) {
 				t.Errorf("\ngot  %s\nwant %s", s, tt.want)
 			}
 		})
+	}
+}
+
+// The core classifies an attempt's error with why the session had ended
+// when it returned, which the worker reports as it found it.
+func TestCoreClassifiesAnAttemptWithTheSessionsEnd(t *testing.T) {
+	plain := errors.New("connection reset")
+	tests := []struct {
+		name       string
+		err, ended error
+		want       event.Class
+	}{
+		{"applied", nil, nil, ""},
+		{"applied as shutdown began", nil, event.ErrShutdown, ""},
+		{"unclassified, the session on", plain, nil, event.ClassUnknown},
+		{"transient, the session on", event.Transient(plain), nil, event.ClassTransient},
+		{"transient, cut short by shutdown", event.Transient(plain), event.ErrShutdown, event.ClassShutdown},
+		{"unclassified, cut short by shutdown", plain, fmt.Errorf("stop: %w", event.ErrShutdown), event.ClassShutdown},
+		{"a panic as shutdown began", event.Panicked(plain), event.ErrShutdown, event.ClassShutdown},
+		{"the session ended for a failure elsewhere", event.Transient(plain), context.Canceled, event.ClassTransient},
+		{"poison stays poison through shutdown", event.Poison(plain), event.ErrShutdown, event.ClassPoison},
+		{"a conflict stays a conflict through shutdown", event.Conflict(plain), event.ErrShutdown, event.ClassConflict},
+		{"the error itself says shutdown", fmt.Errorf("apply: %w", event.ErrShutdown), nil, event.ClassShutdown},
+	}
+	for _, tt := range tests {
+		if got := classOf(tt.err, tt.ended); got != tt.want {
+			t.Errorf("%s: class %q, want %q", tt.name, got, tt.want)
+		}
+		// As event.ClassOf has it against a session that ended so.
+		session, end := context.WithCancelCause(context.Background())
+		if tt.ended != nil {
+			end(tt.ended)
+		}
+		if got := event.ClassOf(session, tt.err); got != tt.want {
+			t.Errorf("%s: event.ClassOf says %q, want %q", tt.name, got, tt.want)
+		}
+		end(nil)
 	}
 }

@@ -125,7 +125,7 @@ func (s *Service) Run(ctx context.Context) error {
 	//     which returns the rest to the queue. Dead-letter copies and the
 	//     outbox drain run under it, so that no session end waits for a
 	//     confirm, and its cause classifies an attempt's error as shutdown
-	//     (event.ClassOf).
+	//     (classOf, core_class.go: the worker tells the core that cause).
 	//   - work ends ShutdownTimeout after stop (else only when Run
 	//     returns): it outlives session, so that the attempt in hand when the session
 	//     ends can still commit and, while its channel lasts, be acked. It
