@@ -126,6 +126,10 @@ type inHand struct {
 	Retries           int  // failed attempts of the environment it was part of
 	Panics            int  // attempts of it alone that panicked
 	Park              bool // nextLetter: park it in the database rather than copy it
+	// Cut (nextLetter): an alarm cut the wait for its copy's confirm
+	// short; the publish is answered later, and until then it is not
+	// published again (a letter parked meanwhile is held back for it).
+	Cut bool
 	// Ticket: the journal ticket its settlement waits for (core.journaling);
 	// 0 when it waits for none.
 	Ticket uint64
@@ -322,7 +326,13 @@ func (c *core) copied(f copyFact, err error) {
 	if s == nil || s.Next != nextLetter {
 		return
 	}
-	if f == factAnswered { // the publish an alarm cut short
+	switch f {
+	case factCut: // its answer is to come: until then, as while the alarm blocks
+		s.Cut, f = true, factAlarm
+	case factUnanswered: // the alarm still holds it
+		f = factAlarm
+	case factAnswered:
+		s.Cut = false
 		if err != nil { // not confirmed: publish it again
 			s.Park = false
 			return

@@ -105,7 +105,7 @@ hand:
 		}
 		c.busy, c.copying = kind, letter
 		// Without a parker, the copy waits for any alarm to pass.
-		return command{Kind: kind, Hand: []*inHand{letter}, Force: !c.canPark}, true
+		return command{Kind: kind, Hand: []*inHand{letter}, Force: !c.canPark, Answer: letter.Cut && kind == cmdCopy}, true
 	}
 	n := min(c.max, c.size, len(pending))
 	if c.suspects > 0 {

@@ -184,7 +184,10 @@ func TestCoreCopyFacts(t *testing.T) {
 		name  string
 		facts []copyFact // answered to each copy or park, in turn
 		end   bool       // the session ends at the first fact
-		want  string
+		// confirms: factAnswered comes without an error (the cut publish
+		// was confirmed); else with one (nacked, or its channel gone).
+		confirms bool
+		want     string
 	}{
 		{name: "confirmed: acked as a dead letter", facts: []copyFact{factConfirmed},
 			want: "copy [1]; ack 1 dead-letter; none"},
@@ -197,6 +200,17 @@ func TestCoreCopyFacts(t *testing.T) {
 		{name: "the session ends before the confirm: returned", facts: []copyFact{factEnded}, end: true,
 			want: "copy [1]; close 1 requeue; done"},
 		{name: "an alarm once the session ended: returned, not parked", facts: []copyFact{factAlarm}, end: true,
+			want: "copy [1]; close 1 requeue; done"},
+		{name: "an alarm cuts the wait for the confirm: parked (held for the answer), then acked", facts: []copyFact{factCut, factParked},
+			want: "copy [1]; park [1]; ack 1 dead-letter; none"},
+		{name: "cut, and parking fails: the answer is looked for, not published again; none yet: parked again",
+			facts: []copyFact{factCut, factParkFailed, factUnanswered, factParked},
+			want:  "copy [1]; park [1]; wait; copy [1] answer; park [1]; ack 1 dead-letter; none"},
+		{name: "cut, parking fails, the answer is a confirm: acked", facts: []copyFact{factCut, factParkFailed, factAnswered}, confirms: true,
+			want: "copy [1]; park [1]; wait; copy [1] answer; ack 1 dead-letter; none"},
+		{name: "cut, parking fails, the answer is a nack: published again", facts: []copyFact{factCut, factParkFailed, factAnswered, factConfirmed},
+			want: "copy [1]; park [1]; wait; copy [1] answer; copy [1]; ack 1 dead-letter; none"},
+		{name: "cut, then the session ends: returned", facts: []copyFact{factCut}, end: true,
 			want: "copy [1]; close 1 requeue; done"},
 	}
 	for _, tt := range tests {
@@ -211,6 +225,9 @@ func TestCoreCopyFacts(t *testing.T) {
 				for _, s := range cmd.Hand {
 					line += fmt.Sprintf(" [%d]", s.Tag)
 				}
+				if cmd.Answer {
+					line += " answer"
+				}
 				for _, st := range cmd.Settled {
 					line += fmt.Sprintf(" %d %s", st.Slot.Tag, st.Action)
 				}
@@ -220,7 +237,11 @@ func TestCoreCopyFacts(t *testing.T) {
 					if tt.end {
 						c.end()
 					}
-					c.copied(facts[0], errors.New(facts[0].String()))
+					err := errors.New(facts[0].String())
+					if facts[0] == factAnswered && tt.confirms {
+						err = nil
+					}
+					c.copied(facts[0], err)
 					facts = facts[1:]
 				case cmdWait:
 					c.tick()

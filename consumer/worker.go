@@ -259,7 +259,7 @@ func (w *worker) exec(cmd command) error {
 		w.core.applied(outs, err, context.Cause(w.session))
 		w.unblock()
 	case cmdCopy:
-		f, err := w.copy(cmd.Hand[0], cmd.Force)
+		f, err := w.copy(cmd.Hand[0], cmd.Force, cmd.Answer)
 		w.core.copied(f, err)
 		w.unblock()
 	case cmdPark:
