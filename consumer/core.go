@@ -168,12 +168,12 @@ type core struct {
 	lastErr  error // the environment's last failure, while failures > 0
 	lingered bool  // the linger of the batch being gathered has passed
 
-	ending    bool // the session ended or the broker cancelled the consumer
-	cancelled bool // the broker cancelled the consumer: nothing more is settled
-	late      bool // the shutdown timeout passed: nothing more waits for the journal
-	done      bool
-	closedErr bool      // the channel closed under us: the broker has everything back
-	lost      []*inHand // settlements the channel's loss dropped, for cmdDone to report
+	ending           bool // the session ended or the broker cancelled the consumer
+	cancelled        bool // the broker cancelled the consumer: nothing more is settled
+	shutdownTimedOut bool // nothing more waits for the journal
+	done             bool
+	channelGone      bool      // closed under us, or failed a command: the broker has everything back
+	lost             []*inHand // settlements that went back with the channel unsent, for cmdDone to report
 
 	// journaledTo: the journal holds what was committed up to this ticket
 	// (core_when.go).

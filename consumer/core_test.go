@@ -524,3 +524,35 @@ func TestCoreClassifiesAnAttemptWithTheSessionsEnd(t *testing.T) {
 		end(nil)
 	}
 }
+
+// What a failed command means is the core's to decide: the channel is
+// gone, and a settlement that waited for the journal goes back with it,
+// saying which command failed and why.
+func TestCoreAFailedAckReturnsWhatWaitsSayingWhy(t *testing.T) {
+	c := newCore(coreConfig{Max: 1})
+	deliverN(c, 2)
+	for tag := uint64(1); tag <= 2; tag++ {
+		if cmd := c.next(); cmd.Kind != cmdApply || cmd.Hand[0].Tag != tag {
+			t.Fatalf("%s, want the apply of %d", show(cmd), tag)
+		}
+		c.journaling(tag)
+		c.applied(make([]event.Outcome, 1), nil, nil)
+	}
+	c.journaled(1)
+	cmd := c.next()
+	if cmd.Kind != cmdAck || cmd.Tag != 1 {
+		t.Fatalf("%s, want the ack of 1", show(cmd))
+	}
+	c.commandFailed(cmd, errors.New("channel/connection is not open"))
+	done := c.next()
+	if done.Kind != cmdDone || len(done.Settled) != 1 || done.Settled[0].Slot.Tag != 2 {
+		t.Fatalf("%s, want done, reporting 2 gone back", show(done))
+	}
+	st := done.Settled[0]
+	if st.Action != ActionRequeue || !strings.Contains(fmt.Sprint(st.Err), "the channel failed the ack of tag 1 (channel/connection is not open)") {
+		t.Errorf("2 went back as %s: %v; want a requeue naming the failed ack and its error", st.Action, st.Err)
+	}
+	if next := c.next(); next.Kind != cmdDone || len(next.Settled) != 0 {
+		t.Errorf("after done: %s, want done, nothing more", show(next))
+	}
+}
