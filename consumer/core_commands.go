@@ -42,9 +42,10 @@ type command struct {
 	// (factUnanswered).
 	Answer bool
 	// Blocked (cmdWait of a retry): the delivery the queue is held on,
-	// and the environment's last failure.
+	// the environment's last failure, and its class.
 	Blocked *inHand
 	Err     error
+	Class   event.Class
 	// Await (cmdNone, cmdWait): the journal ticket the settlements in
 	// hand wait for the journal to hold (then journaled); 0: none.
 	Await uint64

@@ -96,7 +96,8 @@ hand:
 	}
 	if c.backoff {
 		c.busy = cmdWait
-		return command{Kind: cmdWait, Attempt: c.failures - 1, Blocked: first, Err: c.lastErr, Await: c.awaiting()}, true
+		return command{Kind: cmdWait, Attempt: c.failures - 1, Blocked: first, Err: c.lastErr, Class: classOf(c.lastErr, nil),
+			Await: c.awaiting()}, true
 	}
 	if letter != nil {
 		kind := cmdCopy

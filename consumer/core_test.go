@@ -556,3 +556,21 @@ func TestCoreAFailedAckReturnsWhatWaitsSayingWhy(t *testing.T) {
 		t.Errorf("after done: %s, want done, nothing more", show(next))
 	}
 }
+
+// The wait of a retry names the class of the failure that blocks the
+// queue, as the core classified it: the worker reports it as it is told.
+func TestCoreAWaitNamesTheClassOfWhatBlocks(t *testing.T) {
+	c := newCore(coreConfig{Max: 1})
+	deliverN(c, 1)
+	c.next()
+	c.applied(nil, event.Transient(errors.New("connection refused")), nil)
+	if cmd := c.next(); cmd.Kind != cmdWait || cmd.Class != event.ClassTransient {
+		t.Errorf("after a transient failure: %s class %q, want a wait of class transient", show(cmd), cmd.Class)
+	}
+	c.tick()
+	c.next()
+	c.applied(nil, errors.New("no route to host"), nil)
+	if cmd := c.next(); cmd.Kind != cmdWait || cmd.Class != event.ClassUnknown {
+		t.Errorf("after an unclassified failure: %s class %q, want a wait of class unknown", show(cmd), cmd.Class)
+	}
+}
