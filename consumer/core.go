@@ -8,26 +8,28 @@ import (
 )
 
 // The decisions about one queue's deliveries, as a plain value without I/O
-// (see adr/0002 and adr/0006), the way etcd's raft keeps its state
-// machine: facts in, commands out, and the caller does the I/O. The worker
+// (see adr/0002 and adr/0006), the way etcd's raft keeps its state machine:
+// facts in, commands out, and the caller does the I/O. The worker
 // (worker.go) feeds it what happened (a delivery arrived, and what the
 // shell knows of it: its size, whether its producer is on the allow-list,
 // its decoded event; an attempt to apply returned, and why the session had
 // ended by then, for the core to classify its error; what became of a dead
-// letter's copy or of its parking; the journal ticket what an apply or a
-// park committed waits for, and that the journal holds a ticket; a wait
-// ended; the session ended; the shutdown timeout passed; the broker
-// cancelled the consumer; the channel closed; the channel failed a
-// command) and carries out the one command it returns at a time: apply
-// these events, copy this one to the DLQ, park it, wait (for a timer, and
-// for the journal ticket it names), ack, reject, close the channel. A
-// command that settles deliveries carries, for each, the decision
-// (action, class, error) the worker logs and observes; a wait carries why
-// the queue is blocked. The worker reads nothing else of it, and decides
-// neither when a settlement goes nor what a failed command means.
-// model_test.go drives the real worker around it through thousands of
-// random schedules against a model of the broker, the database and the
-// journal.
+// letter's copy or of its parking, or whether the publish an alarm cut
+// short has been answered; the journal ticket what an apply or a park
+// committed waits for, and that the journal holds a ticket; a wait ended;
+// the session ended; the shutdown timeout passed; the broker cancelled the
+// consumer; the channel closed; the channel failed a command) and carries
+// out the one command it returns at a time: apply these events, copy this
+// one to the DLQ (or look for its cut publish's answer), park it, wait (for
+// a timer, and for the journal ticket it names), ack, reject, close the
+// channel. A command that settles deliveries carries, for each, the
+// decision (action, class, error) the worker logs and observes; a wait
+// carries why the queue is blocked, and the class of that failure. The
+// worker reads nothing else of it, and decides nothing about a delivery:
+// not when a settlement goes, nor a failure's class, nor what an answer to
+// a cut publish or a failed command means. model_test.go drives the real
+// worker around it through thousands of random schedules against a model of
+// the broker, the database and the journal.
 //
 // The rules it keeps:
 //   - A delivery whose producer is not on the allow-list is dead-lettered
