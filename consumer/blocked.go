@@ -112,11 +112,11 @@ func logBlocked(log *slog.Logger, th *retry.Throttle, b Blocked, delay time.Dura
 }
 
 // reportBlocked reports the queue blocked on cmd.Blocked, retrying it in
-// place after delay, for the reason cmd.Err.
+// place after delay, for the reason cmd.Err, of the core's cmd.Class.
 func (w *worker) reportBlocked(cmd command, delay time.Duration) {
-	err := cmd.Err
+	err, class := cmd.Err, cmd.Class
 	if err == nil {
-		err = errors.New("unknown")
+		err, class = errors.New("unknown"), event.ClassUnknown
 	}
 	b := &w.blocked
 	if b.Attempts == 0 {
@@ -127,7 +127,7 @@ func (w *worker) reportBlocked(cmd command, delay time.Duration) {
 	if cmd.Blocked != nil {
 		b.EventID = w.eventID(cmd.Blocked)
 	}
-	b.Attempts, b.Class, b.Reason, b.Err = cmd.Attempt+1, event.ClassOf(context.Background(), err), err.Error(), err
+	b.Attempts, b.Class, b.Reason, b.Err = cmd.Attempt+1, class, err.Error(), err
 	w.svc.setBlocked(*b)
 	logBlocked(w.svc.log, &w.th, *b, delay)
 	if w.svc.cfg.ObserveRetry != nil {

@@ -1,7 +1,6 @@
 package consumer
 
 import (
-	"context"
 	"errors"
 	"fmt"
 
@@ -9,25 +8,28 @@ import (
 )
 
 // The decisions about one queue's deliveries, as a plain value without I/O
-// (see adr/0002 and adr/0006), the way etcd's raft keeps its state
-// machine: facts in, commands out, and the caller does the I/O. The worker
+// (see adr/0002 and adr/0006), the way etcd's raft keeps its state machine:
+// facts in, commands out, and the caller does the I/O. The worker
 // (worker.go) feeds it what happened (a delivery arrived, and what the
 // shell knows of it: its size, whether its producer is on the allow-list,
-// its decoded event; an attempt to apply returned; what became of a dead
-// letter's copy or of its parking; the journal ticket what an apply or a
-// park committed waits for, and that the journal holds a ticket; a wait
-// ended; the session ended; the shutdown timeout passed; the broker
-// cancelled the consumer; the channel closed; the channel failed a
-// command) and carries out the one command it returns at a time: apply
-// these events, copy this one to the DLQ, park it, wait (for a timer, and
-// for the journal ticket it names), ack, reject, close the channel. A
-// command that settles deliveries carries, for each, the decision
-// (action, class, error) the worker logs and observes; a wait carries why
-// the queue is blocked. The worker reads nothing else of it, and decides
-// neither when a settlement goes nor what a failed command means.
-// model_test.go drives the real worker around it through thousands of
-// random schedules against a model of the broker, the database and the
-// journal.
+// its decoded event; an attempt to apply returned, and why the session had
+// ended by then, for the core to classify its error; what became of a dead
+// letter's copy or of its parking, or whether the publish an alarm cut
+// short has been answered; the journal ticket what an apply or a park
+// committed waits for, and that the journal holds a ticket; a wait ended;
+// the session ended; the shutdown timeout passed; the broker cancelled the
+// consumer; the channel closed; the channel failed a command) and carries
+// out the one command it returns at a time: apply these events, copy this
+// one to the DLQ (or look for its cut publish's answer), park it, wait (for
+// a timer, and for the journal ticket it names), ack, reject, close the
+// channel. A command that settles deliveries carries, for each, the
+// decision (action, class, error) the worker logs and observes; a wait
+// carries why the queue is blocked, and the class of that failure. The
+// worker reads nothing else of it, and decides nothing about a delivery:
+// not when a settlement goes, nor a failure's class, nor what an answer to
+// a cut publish or a failed command means. model_test.go drives the real
+// worker around it through thousands of random schedules against a model of
+// the broker, the database and the journal.
 //
 // The rules it keeps:
 //   - A delivery whose producer is not on the allow-list is dead-lettered
@@ -126,6 +128,10 @@ type inHand struct {
 	Retries           int  // failed attempts of the environment it was part of
 	Panics            int  // attempts of it alone that panicked
 	Park              bool // nextLetter: park it in the database rather than copy it
+	// Cut (nextLetter): an alarm cut the wait for its copy's confirm
+	// short; the publish is answered later, and until then it is not
+	// published again (a letter parked meanwhile is held back for it).
+	Cut bool
 	// Ticket: the journal ticket its settlement waits for (core.journaling);
 	// 0 when it waits for none.
 	Ticket uint64
@@ -164,12 +170,12 @@ type core struct {
 	lastErr  error // the environment's last failure, while failures > 0
 	lingered bool  // the linger of the batch being gathered has passed
 
-	ending    bool // the session ended or the broker cancelled the consumer
-	cancelled bool // the broker cancelled the consumer: nothing more is settled
-	late      bool // the shutdown timeout passed: nothing more waits for the journal
-	done      bool
-	closedErr bool      // the channel closed under us: the broker has everything back
-	lost      []*inHand // settlements the channel's loss dropped, for cmdDone to report
+	ending           bool // the session ended or the broker cancelled the consumer
+	cancelled        bool // the broker cancelled the consumer: nothing more is settled
+	shutdownTimedOut bool // nothing more waits for the journal
+	done             bool
+	channelGone      bool      // closed under us, or failed a command: the broker has everything back
+	lost             []*inHand // settlements that went back with the channel unsent, for cmdDone to report
 
 	// journaledTo: the journal holds what was committed up to this ticket
 	// (core_when.go).
@@ -211,9 +217,10 @@ func (c *core) decoded(s *inHand, ev event.Event, err error) {
 	c.arrived()
 }
 
-// letter makes s a dead letter for err.
+// letter makes s a dead letter for err, the message's own fault (or a
+// panic's, blamed on it): its class does not depend on the session's end.
 func (c *core) letter(s *inHand, err error) {
-	s.Next, s.Err, s.Class = nextLetter, err, event.ClassOf(context.Background(), err)
+	s.Next, s.Err, s.Class = nextLetter, err, classOf(err, nil)
 }
 
 // arrived ends the linger once the batch is full.
@@ -239,9 +246,12 @@ func (c *core) pending() []*inHand {
 }
 
 // applied takes the outcome of the attempt under way: one Outcome per
-// event when the transaction committed, else the error (of class) that
-// failed it whole.
-func (c *core) applied(outs []event.Outcome, err error, class event.Class) {
+// event when the transaction committed, else the error that failed it
+// whole, with why the session had ended when it returned (ended: its
+// context's cause; nil while it lasts), which its class depends on
+// (classOf).
+func (c *core) applied(outs []event.Outcome, err, ended error) {
+	class := classOf(err, ended)
 	var tried []*inHand
 	for _, s := range c.hand {
 		if s.Next == nextApplying {
@@ -258,13 +268,13 @@ func (c *core) applied(outs []event.Outcome, err error, class event.Class) {
 		for i, s := range tried {
 			o := outs[i]
 			if o.Err != nil { // a producer conflict: that event's own fault
-				s.Next, s.Err, s.Class = nextLetter, o.Err, event.ClassOf(context.Background(), o.Err)
+				c.letter(s, o.Err)
 				continue
 			}
 			s.Next, s.Duplicate, s.Outbox = nextAck, o.Duplicate, o.Outbox
 			c.blame = true
 		}
-		c.failures, c.lastErr, c.backoff = 0, nil, false
+		c.stopRetrying()
 		c.size = min(c.max, c.size*2)
 		c.suspects = max(0, c.suspects-n)
 		return
@@ -278,7 +288,7 @@ func (c *core) applied(outs []event.Outcome, err error, class event.Class) {
 			c.suspects = n // the one to blame is among them: try the first half
 			return
 		}
-		tried[0].Next, tried[0].Err, tried[0].Class = nextLetter, err, class
+		c.letter(tried[0], err)
 		c.suspects = 0
 		return
 	case ActionRequeue: // the service is stopping: back to the queue, in order
@@ -295,16 +305,14 @@ func (c *core) applied(outs []event.Outcome, err error, class event.Class) {
 		s := tried[0]
 		s.Panics++
 		if s.Panics >= panicLimit && c.blame {
-			s.Next, s.Err, s.Class = nextLetter, err, class
+			c.letter(s, err)
 			c.blame, c.suspects = false, 0
 			return
 		}
 	}
 	// The environment, nobody knows, or a panic not yet blamed on its
 	// message: retry in place, with fewer events.
-	c.failures++
-	c.lastErr = err
-	c.backoff = true
+	c.retryLater(err)
 	c.size = max(1, n/2)
 	for _, s := range tried {
 		s.Retries++
@@ -320,7 +328,13 @@ func (c *core) copied(f copyFact, err error) {
 	if s == nil || s.Next != nextLetter {
 		return
 	}
-	if f == factAnswered { // the publish an alarm cut short
+	switch f {
+	case factCut: // its answer is to come: until then, as while the alarm blocks
+		s.Cut, f = true, factAlarm
+	case factUnanswered: // the alarm still holds it
+		f = factAlarm
+	case factAnswered:
+		s.Cut = false
 		if err != nil { // not confirmed: publish it again
 			s.Park = false
 			return
@@ -330,7 +344,7 @@ func (c *core) copied(f copyFact, err error) {
 	switch f {
 	case factConfirmed, factParked:
 		s.Next, s.Park = nextCopied, false
-		c.failures, c.lastErr, c.backoff = 0, nil, false
+		c.stopRetrying()
 	case factRefused:
 		s.Next = nextRefused // the queue dead-letters it
 	case factAlarm:
@@ -343,14 +357,25 @@ func (c *core) copied(f copyFact, err error) {
 		s.Next = nextReturn
 	case factParkFailed:
 		s.Park = false // the alarm may have passed by the next attempt
-		c.failures++
-		c.lastErr = err
-		c.backoff = true
+		c.retryLater(err)
 	}
 	if s.Class == event.ClassPanic && s.Next.final() {
 		c.blame = false // a panic's letter: until something is applied again, a panic is not the message's
 	}
 }
+
+// retryLater: the environment failed (err), or may have: the next attempt
+// waits a backoff, longer with each failure in a row, and the queue is
+// blocked meanwhile (retrying).
+func (c *core) retryLater(err error) {
+	c.failures++
+	c.lastErr = err
+	c.backoff = true
+}
+
+// stopRetrying: an attempt passed; the queue is no longer blocked, and the
+// next failure waits the first backoff.
+func (c *core) stopRetrying() { c.failures, c.lastErr, c.backoff = 0, nil, false }
 
 // tick: the wait under way has ended.
 func (c *core) tick() {

@@ -12,7 +12,7 @@ type cmdKind int
 const (
 	cmdNone   cmdKind = iota // nothing to do until something happens (journal ticket Await, if any, is journaled)
 	cmdApply                 // apply the events of Hand in one transaction, once; then applied
-	cmdCopy                  // publish the dead-letter copy of Hand[0] and await its confirm; then copied
+	cmdCopy                  // publish the dead-letter copy of Hand[0] and await its confirm (Answer: look for the answer to its cut publish); then copied
 	cmdPark                  // park the dead letter of Hand[0] in the database; then copied
 	cmdWait                  // wait the backoff of retry Attempt (or the batch linger); then tick
 	cmdAck                   // ack Tag, Multiple: it settles Settled
@@ -37,10 +37,15 @@ type command struct {
 	// Force (cmdCopy): publish even while an alarm blocks publishing, and
 	// wait for the confirm however long the alarm lasts.
 	Force bool
+	// Answer (cmdCopy): publish nothing; look whether the publish of Hand[0]
+	// that an alarm cut short has been answered (factAnswered) or not
+	// (factUnanswered).
+	Answer bool
 	// Blocked (cmdWait of a retry): the delivery the queue is held on,
-	// and the environment's last failure.
+	// the environment's last failure, and its class.
 	Blocked *inHand
 	Err     error
+	Class   event.Class
 	// Await (cmdNone, cmdWait): the journal ticket the settlements in
 	// hand wait for the journal to hold (then journaled); 0: none.
 	Await uint64
@@ -60,13 +65,15 @@ type copyFact int
 const (
 	factConfirmed  copyFact = iota // the broker confirmed the copy
 	factRefused                    // nacked, unroutable, refused, or the publish failed
-	factAlarm                      // a broker alarm blocks publishing: not sent, or its confirm cut by the alarm
+	factAlarm                      // a broker alarm blocks publishing: nothing was sent
+	factCut                        // sent, but an alarm began and cut the wait for its confirm short: its answer is to come
 	factEnded                      // the session ended before the confirm
 	factParked                     // parked in the database
 	factParkFailed                 // the database could not park it
-	factAnswered                   // a publish an alarm cut short was answered: confirmed when err is nil
+	factAnswered                   // the publish an alarm cut short was answered: confirmed when err is nil
+	factUnanswered                 // the publish an alarm cut short has no answer yet
 )
 
-var factNames = [...]string{"confirmed", "refused", "alarm", "ended", "parked", "park failed", "answered"}
+var factNames = [...]string{"confirmed", "refused", "alarm", "cut", "ended", "parked", "park failed", "answered", "unanswered"}
 
 func (f copyFact) String() string { return factNames[f] }

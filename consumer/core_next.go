@@ -11,30 +11,30 @@ func (c *core) next() command {
 		c.lost = nil
 		return command{Kind: cmdDone, Settled: settlements(lost...)}
 	}
-	if c.late {
-		c.drop("the shutdown timeout passed")
+	if c.shutdownTimedOut {
+		c.returnWaiting("the shutdown timeout passed")
 	}
-	// r: the first delivery that goes back; everything behind it goes
-	// back with it, and only what is before it is worked on.
-	r := len(c.hand)
+	// firstBack: the first delivery that goes back; everything behind it
+	// goes back with it, and only what is before it is worked on.
+	firstBack := len(c.hand)
 	for i, s := range c.hand {
 		if c.cancelled || s.Next == nextReturn || (c.ending && !s.Next.final()) {
-			r = i
+			firstBack = i
 			break
 		}
 	}
-	if cmd, ok := c.settle(r); ok {
+	if cmd, ok := c.settle(firstBack); ok {
 		return cmd
 	}
 	if c.busy != cmdNone {
 		return command{Await: c.awaiting()} // a wait under way: the journal may let a settlement go meanwhile
 	}
-	head := c.hand[:r]
-	if cmd, ok := c.work(head, r == len(c.hand)); ok {
+	head := c.hand[:firstBack]
+	if cmd, ok := c.work(head, firstBack == len(c.hand)); ok {
 		return cmd
 	}
 	switch {
-	case r == 0 && len(c.hand) > 0:
+	case firstBack == 0 && len(c.hand) > 0:
 		return c.giveBack()
 	case c.awaiting() != 0:
 		// Settlements wait for the journal: once the session ended, the
@@ -42,7 +42,7 @@ func (c *core) next() command {
 		return command{Await: c.awaiting()}
 	case c.ending:
 		c.done = true
-		if c.closedErr {
+		if c.channelGone {
 			return c.next()
 		}
 		// Deliveries may be on their way: closing returns them.
@@ -92,13 +92,12 @@ hand:
 		// Decoding it panicked, and the queue has applied nothing since
 		// another panic's dead letter: the service is broken, not the
 		// message. It waits in place, as long as it takes.
-		c.failures++
-		c.lastErr = letter.Err
-		c.backoff = true
+		c.retryLater(letter.Err)
 	}
 	if c.backoff {
 		c.busy = cmdWait
-		return command{Kind: cmdWait, Attempt: c.failures - 1, Blocked: first, Err: c.lastErr, Await: c.awaiting()}, true
+		return command{Kind: cmdWait, Attempt: c.failures - 1, Blocked: first, Err: c.lastErr, Class: classOf(c.lastErr, nil),
+			Await: c.awaiting()}, true
 	}
 	if letter != nil {
 		kind := cmdCopy
@@ -107,7 +106,7 @@ hand:
 		}
 		c.busy, c.copying = kind, letter
 		// Without a parker, the copy waits for any alarm to pass.
-		return command{Kind: kind, Hand: []*inHand{letter}, Force: !c.canPark}, true
+		return command{Kind: kind, Hand: []*inHand{letter}, Force: !c.canPark, Answer: letter.Cut && kind == cmdCopy}, true
 	}
 	n := min(c.max, c.size, len(pending))
 	if c.suspects > 0 {

@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -15,7 +16,7 @@ import (
 // drive feeds the core and records the commands it gives, answering each
 // apply with result(tags) and each copy with copied. It stops at cmdNone
 // or cmdDone.
-func drive(c *core, result func(tags []uint64) ([]event.Outcome, error, event.Class)) []string {
+func drive(c *core, result func(tags []uint64) ([]event.Outcome, error)) []string {
 	var log []string
 	for i := 0; i < 100; i++ {
 		cmd := c.next()
@@ -32,9 +33,9 @@ func drive(c *core, result func(tags []uint64) ([]event.Outcome, error, event.Cl
 		case cmdNone, cmdDone:
 			return append(log, cmd.Kind.String())
 		case cmdApply:
-			outs, err, class := result(tags)
+			outs, err := result(tags)
 			log = append(log, fmt.Sprintf("apply %v", tags))
-			c.applied(outs, err, class)
+			c.applied(outs, err, nil)
 		case cmdCopy:
 			log = append(log, fmt.Sprintf("copy %v", tags))
 			c.copied(factConfirmed, nil)
@@ -67,8 +68,8 @@ func deliverN(c *core, n int, bad ...uint64) {
 	}
 }
 
-func ok(tags []uint64) ([]event.Outcome, error, event.Class) {
-	return make([]event.Outcome, len(tags)), nil, ""
+func ok(tags []uint64) ([]event.Outcome, error) {
+	return make([]event.Outcome, len(tags)), nil
 }
 
 func TestCoreSchedules(t *testing.T) {
@@ -78,7 +79,7 @@ func TestCoreSchedules(t *testing.T) {
 		max    int
 		n      int
 		poison []uint64
-		result func(c *core, tags []uint64) ([]event.Outcome, error, event.Class)
+		result func(c *core, tags []uint64) ([]event.Outcome, error)
 		want   string
 		prefix bool // want is how it starts; it goes on the same way
 	}{
@@ -87,47 +88,47 @@ func TestCoreSchedules(t *testing.T) {
 		{name: "poison is copied, the rest applied, one ack covers both", max: 50, n: 3, poison: []uint64{2},
 			want: "copy [2]; apply [1 3]; ack 3 multiple=true; none"},
 		{name: "an event the database refuses is found by halves; only it is dead-lettered", max: 50, n: 4,
-			result: func(_ *core, tags []uint64) ([]event.Outcome, error, event.Class) {
+			result: func(_ *core, tags []uint64) ([]event.Outcome, error) {
 				for _, tag := range tags {
 					if tag == 3 {
-						return nil, event.Rejected(errors.New("22003")), event.ClassRejected
+						return nil, event.Rejected(errors.New("22003"))
 					}
 				}
-				return make([]event.Outcome, len(tags)), nil, ""
+				return make([]event.Outcome, len(tags)), nil
 			},
 			want: "apply [1 2 3 4]; apply [1 2]; ack 2 multiple=true; apply [3]; copy [3]; ack 3 multiple=false; apply [4]; ack 4 multiple=false; none"},
 		{name: "the environment fails a batch: retried in place with half as many", max: 50, n: 4,
-			result: func(c *core, tags []uint64) ([]event.Outcome, error, event.Class) {
+			result: func(c *core, tags []uint64) ([]event.Outcome, error) {
 				if len(tags) > 2 {
-					return nil, transient, event.ClassTransient
+					return nil, transient
 				}
-				return make([]event.Outcome, len(tags)), nil, ""
+				return make([]event.Outcome, len(tags)), nil
 			},
 			want: "apply [1 2 3 4]; wait; apply [1 2]; ack 2 multiple=true; apply [3 4]; ack 4 multiple=true; none"},
 		{name: "a panic is retried in place, then dead-lettered; the event behind waits for it", max: 1, n: 2,
-			result: func(_ *core, tags []uint64) ([]event.Outcome, error, event.Class) {
+			result: func(_ *core, tags []uint64) ([]event.Outcome, error) {
 				if tags[0] == 1 {
-					return nil, event.Panicked(errors.New("panic: boom")), event.ClassPanic
+					return nil, event.Panicked(errors.New("panic: boom"))
 				}
-				return make([]event.Outcome, len(tags)), nil, ""
+				return make([]event.Outcome, len(tags)), nil
 			},
 			want: "apply [1]; wait; apply [1]; wait; apply [1]; copy [1]; ack 1 multiple=false; apply [2]; ack 2 multiple=false; none"},
 		{name: "a second panic with nothing applied since is the service's: it stays in place", max: 1, n: 2,
-			result: func(_ *core, tags []uint64) ([]event.Outcome, error, event.Class) {
-				return nil, event.Panicked(errors.New("panic: boom")), event.ClassPanic
+			result: func(_ *core, tags []uint64) ([]event.Outcome, error) {
+				return nil, event.Panicked(errors.New("panic: boom"))
 			},
 			want: "apply [1]; wait; apply [1]; wait; apply [1]; copy [1]; ack 1 multiple=false; " +
 				strings.Repeat("apply [2]; wait; ", 10), prefix: true},
 		{name: "the session ends while the environment fails: nothing more applied, all returned by the close", max: 50, n: 3,
-			result: func(c *core, tags []uint64) ([]event.Outcome, error, event.Class) {
+			result: func(c *core, tags []uint64) ([]event.Outcome, error) {
 				c.end()
-				return nil, transient, event.ClassTransient
+				return nil, transient
 			},
 			want: "apply [1 2 3]; close returning [1 2 3]; done"},
 		{name: "the session ends after a commit: ack what committed, return the rest", max: 2, n: 3,
-			result: func(c *core, tags []uint64) ([]event.Outcome, error, event.Class) {
+			result: func(c *core, tags []uint64) ([]event.Outcome, error) {
 				c.end()
-				return make([]event.Outcome, len(tags)), nil, ""
+				return make([]event.Outcome, len(tags)), nil
 			},
 			want: "apply [1 2]; ack 2 multiple=true; close returning [3]; done"},
 	}
@@ -135,7 +136,7 @@ func TestCoreSchedules(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			c := newCore(coreConfig{Max: tt.max})
 			deliverN(c, tt.n, tt.poison...)
-			result := func(tags []uint64) ([]event.Outcome, error, event.Class) {
+			result := func(tags []uint64) ([]event.Outcome, error) {
 				if tt.result == nil {
 					return ok(tags)
 				}
@@ -164,7 +165,7 @@ func TestCoreRejectsARefusedCopyBeforeTheAck(t *testing.T) {
 		case cmdCopy:
 			c.copied(factRefused, errors.New("nacked"))
 		case cmdApply:
-			c.applied(make([]event.Outcome, len(cmd.Hand)), nil, "")
+			c.applied(make([]event.Outcome, len(cmd.Hand)), nil, nil)
 		case cmdAck:
 			if cmd.Tag != 3 || !cmd.Multiple {
 				t.Errorf("ack %d multiple=%v, want 3 multiple", cmd.Tag, cmd.Multiple)
@@ -183,7 +184,10 @@ func TestCoreCopyFacts(t *testing.T) {
 		name  string
 		facts []copyFact // answered to each copy or park, in turn
 		end   bool       // the session ends at the first fact
-		want  string
+		// confirms: factAnswered comes without an error (the cut publish
+		// was confirmed); else with one (nacked, or its channel gone).
+		confirms bool
+		want     string
 	}{
 		{name: "confirmed: acked as a dead letter", facts: []copyFact{factConfirmed},
 			want: "copy [1]; ack 1 dead-letter; none"},
@@ -196,6 +200,17 @@ func TestCoreCopyFacts(t *testing.T) {
 		{name: "the session ends before the confirm: returned", facts: []copyFact{factEnded}, end: true,
 			want: "copy [1]; close 1 requeue; done"},
 		{name: "an alarm once the session ended: returned, not parked", facts: []copyFact{factAlarm}, end: true,
+			want: "copy [1]; close 1 requeue; done"},
+		{name: "an alarm cuts the wait for the confirm: parked (held for the answer), then acked", facts: []copyFact{factCut, factParked},
+			want: "copy [1]; park [1]; ack 1 dead-letter; none"},
+		{name: "cut, and parking fails: the answer is looked for, not published again; none yet: parked again",
+			facts: []copyFact{factCut, factParkFailed, factUnanswered, factParked},
+			want:  "copy [1]; park [1]; wait; copy [1] answer; park [1]; ack 1 dead-letter; none"},
+		{name: "cut, parking fails, the answer is a confirm: acked", facts: []copyFact{factCut, factParkFailed, factAnswered}, confirms: true,
+			want: "copy [1]; park [1]; wait; copy [1] answer; ack 1 dead-letter; none"},
+		{name: "cut, parking fails, the answer is a nack: published again", facts: []copyFact{factCut, factParkFailed, factAnswered, factConfirmed},
+			want: "copy [1]; park [1]; wait; copy [1] answer; copy [1]; ack 1 dead-letter; none"},
+		{name: "cut, then the session ends: returned", facts: []copyFact{factCut}, end: true,
 			want: "copy [1]; close 1 requeue; done"},
 	}
 	for _, tt := range tests {
@@ -210,6 +225,9 @@ func TestCoreCopyFacts(t *testing.T) {
 				for _, s := range cmd.Hand {
 					line += fmt.Sprintf(" [%d]", s.Tag)
 				}
+				if cmd.Answer {
+					line += " answer"
+				}
 				for _, st := range cmd.Settled {
 					line += fmt.Sprintf(" %d %s", st.Slot.Tag, st.Action)
 				}
@@ -219,7 +237,11 @@ func TestCoreCopyFacts(t *testing.T) {
 					if tt.end {
 						c.end()
 					}
-					c.copied(facts[0], errors.New(facts[0].String()))
+					err := errors.New(facts[0].String())
+					if facts[0] == factAnswered && tt.confirms {
+						err = nil
+					}
+					c.copied(facts[0], err)
 					facts = facts[1:]
 				case cmdWait:
 					c.tick()
@@ -244,7 +266,7 @@ func TestCoreSettlesNothingAfterTheBrokersCancel(t *testing.T) {
 		t.Fatalf("first command %v, want apply", cmd.Kind)
 	}
 	c.cancel()
-	c.applied(make([]event.Outcome, 3), nil, "")
+	c.applied(make([]event.Outcome, 3), nil, nil)
 	cmd := c.next()
 	if cmd.Kind != cmdClose || len(cmd.Settled) != 3 {
 		t.Fatalf("after the cancel: %v settling %d, want close returning all 3", cmd.Kind, len(cmd.Settled))
@@ -332,7 +354,7 @@ func TestCoreSettlesOnlyWhatTheJournalHolds(t *testing.T) {
 			steps: func(c *core, do func(string)) {
 				do("apply")
 				c.journaling(1)
-				c.applied(make([]event.Outcome, 1), nil, "")
+				c.applied(make([]event.Outcome, 1), nil, nil)
 				do("next")
 				c.journaled(1)
 				do("next")
@@ -343,10 +365,10 @@ func TestCoreSettlesOnlyWhatTheJournalHolds(t *testing.T) {
 			steps: func(c *core, do func(string)) {
 				do("apply")
 				c.journaling(1)
-				c.applied(make([]event.Outcome, 1), nil, "")
+				c.applied(make([]event.Outcome, 1), nil, nil)
 				do("apply")
 				c.journaling(2)
-				c.applied(make([]event.Outcome, 1), nil, "")
+				c.applied(make([]event.Outcome, 1), nil, nil)
 				do("next")
 				c.journaled(2)
 				do("next")
@@ -358,7 +380,7 @@ func TestCoreSettlesOnlyWhatTheJournalHolds(t *testing.T) {
 				c.copied(factConfirmed, nil)
 				do("apply")
 				c.journaling(1)
-				c.applied(make([]event.Outcome, 1), nil, "")
+				c.applied(make([]event.Outcome, 1), nil, nil)
 				do("next")
 				c.journaled(1)
 				do("next")
@@ -368,7 +390,7 @@ func TestCoreSettlesOnlyWhatTheJournalHolds(t *testing.T) {
 			steps: func(c *core, do func(string)) {
 				do("apply")
 				c.journaling(1)
-				c.applied(nil, conflict, event.ClassConflict)
+				c.applied(nil, conflict, nil)
 				do("copy")
 				c.copied(factConfirmed, nil)
 				do("next")
@@ -392,7 +414,7 @@ func TestCoreSettlesOnlyWhatTheJournalHolds(t *testing.T) {
 			steps: func(c *core, do func(string)) {
 				do("apply")
 				c.journaling(1)
-				c.applied(make([]event.Outcome, 1), nil, "")
+				c.applied(make([]event.Outcome, 1), nil, nil)
 				c.end()
 				do("next")
 				c.journaled(1)
@@ -405,7 +427,7 @@ func TestCoreSettlesOnlyWhatTheJournalHolds(t *testing.T) {
 			steps: func(c *core, do func(string)) {
 				do("apply")
 				c.journaling(1)
-				c.applied(make([]event.Outcome, 1), nil, "")
+				c.applied(make([]event.Outcome, 1), nil, nil)
 				c.end()
 				do("next")
 				c.expired()
@@ -417,7 +439,7 @@ func TestCoreSettlesOnlyWhatTheJournalHolds(t *testing.T) {
 			steps: func(c *core, do func(string)) {
 				do("apply")
 				c.journaling(1)
-				c.applied(make([]event.Outcome, 1), nil, "")
+				c.applied(make([]event.Outcome, 1), nil, nil)
 				do("next")
 				c.cancel()
 				c.journaled(1) // too late: nothing more is settled
@@ -429,7 +451,7 @@ func TestCoreSettlesOnlyWhatTheJournalHolds(t *testing.T) {
 			steps: func(c *core, do func(string)) {
 				do("apply")
 				c.journaling(1)
-				c.applied(make([]event.Outcome, 1), nil, "")
+				c.applied(make([]event.Outcome, 1), nil, nil)
 				c.channelClosed()
 				do("next")
 				do("next")
@@ -439,7 +461,7 @@ func TestCoreSettlesOnlyWhatTheJournalHolds(t *testing.T) {
 			steps: func(c *core, do func(string)) {
 				do("apply")
 				c.journaling(1)
-				c.applied(make([]event.Outcome, 1), nil, "")
+				c.applied(make([]event.Outcome, 1), nil, nil)
 				c.journaled(1)
 				do("ack")
 				c.commandFailed(command{Kind: cmdAck}, errors.New("channel closed"))
@@ -463,5 +485,92 @@ func TestCoreSettlesOnlyWhatTheJournalHolds(t *testing.T) {
 				t.Errorf("\ngot  %s\nwant %s", s, tt.want)
 			}
 		})
+	}
+}
+
+// The core classifies an attempt's error with why the session had ended
+// when it returned, which the worker reports as it found it.
+func TestCoreClassifiesAnAttemptWithTheSessionsEnd(t *testing.T) {
+	plain := errors.New("connection reset")
+	tests := []struct {
+		name       string
+		err, ended error
+		want       event.Class
+	}{
+		{"applied", nil, nil, ""},
+		{"applied as shutdown began", nil, event.ErrShutdown, ""},
+		{"unclassified, the session on", plain, nil, event.ClassUnknown},
+		{"transient, the session on", event.Transient(plain), nil, event.ClassTransient},
+		{"transient, cut short by shutdown", event.Transient(plain), event.ErrShutdown, event.ClassShutdown},
+		{"unclassified, cut short by shutdown", plain, fmt.Errorf("stop: %w", event.ErrShutdown), event.ClassShutdown},
+		{"a panic as shutdown began", event.Panicked(plain), event.ErrShutdown, event.ClassShutdown},
+		{"the session ended for a failure elsewhere", event.Transient(plain), context.Canceled, event.ClassTransient},
+		{"poison stays poison through shutdown", event.Poison(plain), event.ErrShutdown, event.ClassPoison},
+		{"a conflict stays a conflict through shutdown", event.Conflict(plain), event.ErrShutdown, event.ClassConflict},
+		{"the error itself says shutdown", fmt.Errorf("apply: %w", event.ErrShutdown), nil, event.ClassShutdown},
+	}
+	for _, tt := range tests {
+		if got := classOf(tt.err, tt.ended); got != tt.want {
+			t.Errorf("%s: class %q, want %q", tt.name, got, tt.want)
+		}
+		// As event.ClassOf has it against a session that ended so.
+		session, end := context.WithCancelCause(context.Background())
+		if tt.ended != nil {
+			end(tt.ended)
+		}
+		if got := event.ClassOf(session, tt.err); got != tt.want {
+			t.Errorf("%s: event.ClassOf says %q, want %q", tt.name, got, tt.want)
+		}
+		end(nil)
+	}
+}
+
+// What a failed command means is the core's to decide: the channel is
+// gone, and a settlement that waited for the journal goes back with it,
+// saying which command failed and why.
+func TestCoreAFailedAckReturnsWhatWaitsSayingWhy(t *testing.T) {
+	c := newCore(coreConfig{Max: 1})
+	deliverN(c, 2)
+	for tag := uint64(1); tag <= 2; tag++ {
+		if cmd := c.next(); cmd.Kind != cmdApply || cmd.Hand[0].Tag != tag {
+			t.Fatalf("%s, want the apply of %d", show(cmd), tag)
+		}
+		c.journaling(tag)
+		c.applied(make([]event.Outcome, 1), nil, nil)
+	}
+	c.journaled(1)
+	cmd := c.next()
+	if cmd.Kind != cmdAck || cmd.Tag != 1 {
+		t.Fatalf("%s, want the ack of 1", show(cmd))
+	}
+	c.commandFailed(cmd, errors.New("channel/connection is not open"))
+	done := c.next()
+	if done.Kind != cmdDone || len(done.Settled) != 1 || done.Settled[0].Slot.Tag != 2 {
+		t.Fatalf("%s, want done, reporting 2 gone back", show(done))
+	}
+	st := done.Settled[0]
+	if st.Action != ActionRequeue || !strings.Contains(fmt.Sprint(st.Err), "the channel failed the ack of tag 1 (channel/connection is not open)") {
+		t.Errorf("2 went back as %s: %v; want a requeue naming the failed ack and its error", st.Action, st.Err)
+	}
+	if next := c.next(); next.Kind != cmdDone || len(next.Settled) != 0 {
+		t.Errorf("after done: %s, want done, nothing more", show(next))
+	}
+}
+
+// The wait of a retry names the class of the failure that blocks the
+// queue, as the core classified it: the worker reports it as it is told.
+func TestCoreAWaitNamesTheClassOfWhatBlocks(t *testing.T) {
+	c := newCore(coreConfig{Max: 1})
+	deliverN(c, 1)
+	c.next()
+	c.applied(nil, event.Transient(errors.New("connection refused")), nil)
+	if cmd := c.next(); cmd.Kind != cmdWait || cmd.Class != event.ClassTransient {
+		t.Errorf("after a transient failure: %s class %q, want a wait of class transient", show(cmd), cmd.Class)
+	}
+	c.tick()
+	c.next()
+	c.applied(nil, errors.New("no route to host"), nil)
+	if cmd := c.next(); cmd.Kind != cmdWait || cmd.Class != event.ClassUnknown {
+		t.Errorf("after an unclassified failure: %s class %q, want a wait of class unknown", show(cmd), cmd.Class)
 	}
 }

@@ -49,7 +49,7 @@ func (c *core) journalHolds(s *inHand) bool { return s.Ticket <= c.journaledTo }
 // it is final and the journal does not hold it yet: nothing is settled
 // until then. Else 0.
 func (c *core) awaiting() uint64 {
-	if len(c.hand) == 0 || c.late || c.cancelled {
+	if len(c.hand) == 0 || c.shutdownTimedOut || c.cancelled {
 		return 0
 	}
 	if s := c.hand[0]; s.Next.final() && !c.journalHolds(s) {
@@ -70,11 +70,11 @@ func (c *core) end() {
 
 // expired: the shutdown timeout passed (the work's context ended). The
 // session ends, if it had not, and the settlements that wait for the
-// journal are dropped (next): their deliveries go back with the rest, by
-// the close.
+// journal are given up (returnWaiting, in next): their deliveries go back
+// with the rest, by the close.
 func (c *core) expired() {
 	c.end()
-	c.late = true
+	c.shutdownTimedOut = true
 }
 
 // cancel: the broker cancelled the consumer (from 4.3 its consumer timeout
@@ -87,35 +87,39 @@ func (c *core) expired() {
 func (c *core) cancel() {
 	c.end()
 	c.cancelled = true
-	c.drop("the broker cancelled the consumer")
+	c.returnWaiting("the broker cancelled the consumer")
 }
 
 // channelClosed: the channel is gone, and with it everything in hand: the
 // broker returns what was not settled, and the settlements that waited
-// for the journal are dropped (cmdDone reports them).
-func (c *core) channelClosed() { c.lose("the channel closed") }
+// for the journal go back with it (cmdDone reports them).
+func (c *core) channelClosed() { c.loseChannel("the channel closed") }
 
 // commandFailed: the channel failed cmd (an ack, a reject) with err. A
 // channel that fails a command is closed by the broker (an unknown tag
-// is a 406), or was lost under it: the core takes it as closed, and does
-// nothing more on it.
-func (c *core) commandFailed(cmd command, err error) { c.lose("the channel failed") }
+// is a 406), or was lost under it: the core takes it as gone, and does
+// nothing more on it. What cmd settled left the hand when it was given;
+// the settlements that waited for the journal go back, each saying which
+// command failed and why.
+func (c *core) commandFailed(cmd command, err error) {
+	c.loseChannel(fmt.Sprintf("the channel failed the %s of tag %d (%v)", cmd.Kind, cmd.Tag, err))
+}
 
-// lose: the channel is gone (why).
-func (c *core) lose(why string) {
-	c.lost = append(c.lost, c.drop(why)...)
-	c.closedErr = true
+// loseChannel: the channel is gone (why).
+func (c *core) loseChannel(why string) {
+	c.lost = append(c.lost, c.returnWaiting(why)...)
+	c.channelGone = true
 	c.ending = true
 	c.busy = cmdNone
 	c.hand = nil
 }
 
-// drop gives up the settlements that wait for the journal, from the first
-// final delivery the journal does not hold, with the final ones behind it:
-// they go back to the queue, by the close, in order, for why; and it
-// returns them. What had committed comes back as a duplicate, which the
+// returnWaiting gives up the settlements that wait for the journal, from
+// the first final delivery the journal does not hold, with the final ones
+// behind it: they go back to the queue, by the close, in order, for why;
+// and it returns them. What had committed comes back as a duplicate, which the
 // inbox drops and the journal takes again.
-func (c *core) drop(why string) []*inHand {
+func (c *core) returnWaiting(why string) []*inHand {
 	var out []*inHand
 	waiting := false
 	for _, s := range c.hand {

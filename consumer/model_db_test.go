@@ -277,6 +277,10 @@ func (a *mapp) park(l event.OutboxLetter, m *event.Mark) error {
 		a.rp.waitLetter = true
 		return event.Transient(errors.New("database down"))
 	}
+	if l.Abandoned != nil && a.s.cutParkFails() {
+		a.rp.waitLetter = true
+		return event.Transient(errors.New("canceling statement due to statement timeout"))
+	}
 	if m != nil {
 		if err := a.s.db.marking(*m); err != nil {
 			a.s.logf("r%d: the database holds mark %d, the lane went on from %d", a.rp.id, a.s.db.mark, m.Prev)

@@ -18,14 +18,16 @@ import (
 // several replicas, BATCH_MAX from 1 to 50, and session ends, crashes,
 // panics in applying and in decoding, alarms, consumer timeouts, database
 // outages, failing acks, rejects and publishes, nacked and unanswered
-// publishes, copies refused for good, a dead-letter connection that drops,
-// unlisted producers and bodies at MAX_BODY_BYTES and one byte over,
-// anywhere, also while a dead letter's copy awaits its confirm. The worker
-// runs through its ports (ports.go): fakes whose behaviour the models
-// decide, the loop stopped at each call and wherever it waits, so that
-// deliveries, timers, cancels, channel closes and the session's end reach
-// it in every order its select could see (model_ports_test.go). After
-// every step the invariants hold:
+// publishes, the park of a letter whose publish an alarm cut short failing
+// (and the alarm passing meanwhile) in one such park in two, so that its
+// answer decides (sim.cutParkFails), copies refused for good, a dead-letter
+// connection that drops, unlisted producers and bodies at MAX_BODY_BYTES
+// and one byte over, anywhere, also while a dead letter's copy awaits its
+// confirm. The worker runs through its ports (ports.go): fakes whose
+// behaviour the models decide, the loop stopped at each call and wherever
+// it waits, so that deliveries, timers, cancels, channel closes and the
+// session's end reach it in every order its select could see
+// (model_ports_test.go). After every step the invariants hold:
 //
 //   - nothing is acked unless it was applied, or dead-lettered with its
 //     copy confirmed or parked;

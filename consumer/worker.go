@@ -255,10 +255,11 @@ func (w *worker) exec(cmd command) error {
 	case cmdApply:
 		outs, err := w.apply(cmd.Hand)
 		w.awaitJournal() // a producer conflict's commit, too
-		w.core.applied(outs, err, event.ClassOf(w.session, err))
+		// The core classifies err, told why the session had ended by now.
+		w.core.applied(outs, err, context.Cause(w.session))
 		w.unblock()
 	case cmdCopy:
-		f, err := w.copy(cmd.Hand[0], cmd.Force)
+		f, err := w.copy(cmd.Hand[0], cmd.Force, cmd.Answer)
 		w.core.copied(f, err)
 		w.unblock()
 	case cmdPark:

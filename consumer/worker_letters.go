@@ -16,18 +16,18 @@ import (
 // it; the core decides what follows (core.copied). Unless force, nothing
 // is published while a broker alarm blocks publishing (factAlarm), and an
 // alarm that starts while the confirm is awaited cuts the wait short
-// (factAlarm too): the publish's answer is kept, and the next copy of s
-// reports it (factAnswered) instead of publishing again, or, while it has
-// not come, factAlarm.
-func (w *worker) copy(s *inHand, force bool) (copyFact, error) {
+// (factCut): the publish's answer is kept. With answer, the core asks for
+// that answer instead: whether it has come (factAnswered, with it) or not
+// yet (factUnanswered).
+func (w *worker) copy(s *inHand, force, answer bool) (copyFact, error) {
 	h := w.inFlight[s.Tag]
-	if h.abandoned != nil { // an alarm cut an earlier publish of it short
+	if answer {
 		select {
 		case err := <-h.abandoned:
 			h.abandoned = nil
 			return factAnswered, err
 		default:
-			return factAlarm, nil
+			return factUnanswered, nil
 		}
 	}
 	if !force && w.letters.alarmed() {
@@ -50,9 +50,10 @@ func (w *worker) copy(s *inHand, force bool) (copyFact, error) {
 		return factEnded, err
 	case errors.Is(err, errAlarmCut):
 		if cut, ok := errors.AsType[*alarmCut](err); ok {
-			w.inFlight[s.Tag].abandoned = cut.answer // the parked letter waits for it
+			h.abandoned = cut.answer // the parked letter waits for it
+			return factCut, err
 		}
-		return factAlarm, err
+		return factAlarm, err // the dead-letter channel could not open: nothing was sent
 	}
 	say := "dead-letter copy not confirmed, rejecting to the broker's dead-lettering"
 	if _, refused := errors.AsType[*dlq.Refused](err); refused {

@@ -8,7 +8,7 @@ import (
 // Class is a failure class. Every error that reaches the handler is put in
 // exactly one class, here and nowhere else. The consumer's core
 // (consumer/core.go) decides from the class, through its table (decide, in
-// consumer/class.go), and from what it knows of the queue (a batch to
+// consumer/core_class.go), and from what it knows of the queue (a batch to
 // split, a panic's count and blame, the session's end): adr/0002. The
 // question is always whether the message caused the failure: only then may
 // it go to the dead-letter queue.

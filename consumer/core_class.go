@@ -1,6 +1,11 @@
 package consumer
 
-import "transferconsumer/event"
+import (
+	"context"
+	"errors"
+
+	"transferconsumer/event"
+)
 
 // Action is what happens to a delivery.
 type Action string
@@ -37,4 +42,18 @@ func decide(class event.Class) Action {
 	default: // ClassTransient, ClassUnknown, ClassPanic
 		return ActionRetry
 	}
+}
+
+// classOf is the class of err, an attempt's failure, when the session had
+// ended by then for ended (its context's cause; nil while it lasts): as
+// event.ClassOf has it against the session's context. Shutdown is not a
+// failure: an attempt it cut short is of class shutdown, whatever its
+// error says, unless the message caused it; a session that ended for
+// another cause (a failure elsewhere) changes nothing.
+func classOf(err, ended error) event.Class {
+	class := event.ClassOf(context.Background(), err)
+	if class != "" && !event.CausedByMessage(class) && errors.Is(ended, event.ErrShutdown) {
+		return event.ClassShutdown
+	}
+	return class
 }
