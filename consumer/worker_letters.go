@@ -45,7 +45,7 @@ func (w *worker) copy(s *inHand, force, answer bool) (copyFact, error) {
 	case err == nil:
 		return factConfirmed, nil
 	case w.session.Err() != nil:
-		w.svc.log.Warn("the session ended before the dead-letter copy was confirmed; the message is returned",
+		w.svc.log.Warn("the session ended before the dead-letter copy was confirmed",
 			"queue", w.queue, "event_id", w.eventID(s))
 		return factEnded, err
 	case errors.Is(err, errAlarmCut):
@@ -55,9 +55,9 @@ func (w *worker) copy(s *inHand, force, answer bool) (copyFact, error) {
 		}
 		return factAlarm, err // the dead-letter channel could not open: nothing was sent
 	}
-	say := "dead-letter copy not confirmed, rejecting to the broker's dead-lettering"
+	say := "dead-letter copy not confirmed"
 	if _, refused := errors.AsType[*dlq.Refused](err); refused {
-		say = "dead-letter copy refused by the broker (access refused), rejecting to the broker's dead-lettering"
+		say = "dead-letter copy refused by the broker (access refused)"
 	}
 	w.svc.log.Error(say, "queue", w.queue, "event_id", w.eventID(s), "err", err)
 	return factRefused, err

@@ -129,8 +129,11 @@ func TestPermissionMissingOnTheDeadLetterExchangeIsSaidRefused(t *testing.T) {
 	proc := startProcess(t, e.serviceEnv(2, "AMQP_URL="+svcURL, "DECLARE_TOPOLOGY=false", "INSTANCE_NAME="+e.name+"-svc"))
 	proc.waitConsuming(1)
 	e.publishRaw(prefix, "acc_poison_"+e.name, []byte(`{"eventId": "not json`), "")
-	const refused = "dead-letter copy refused by the broker (access refused), rejecting to the broker's dead-lettering"
+	const refused = "dead-letter copy refused by the broker (access refused)"
 	waitFor(t, 30*time.Second, "the refused copy logged", func() bool { return proc.count("msg", refused) == 1 })
+	waitFor(t, 30*time.Second, "the reject to the queue's own dead-lettering logged", func() bool {
+		return proc.count("msg", "rejecting to the queue's own dead-lettering: the dead-letter copy was not confirmed") == 1
+	})
 	reason := proc.field(refused, "err")
 	for _, want := range []string{"access refused", "may not publish to exchange transfers.dlx",
 		"grant it the write permission", `^transfers\.dlx$`, "403"} {
