@@ -120,19 +120,26 @@ SELECT * FROM (` + fmt.Sprintf(intentPairsSQL, "recent", "$1") + `) pair
 WHERE transfer_id IN (SELECT transfer_id FROM reconcile_pass_new WHERE created)
    OR earlier_transfer_id IN (SELECT transfer_id FROM reconcile_pass_new WHERE created)`
 
+// witnessesSQL picks a checkpoint's witnesses among the transfers of
+// %[1]s (a relation, with its WHERE if any): the newest four by the
+// transaction that created them, as the arrays witness_ids and
+// witness_xids take them (ids, xids). The checkpoint's trust compares
+// them with the transfers it finds later (checkpointQuery).
+const witnessesSQL = `
+    SELECT array_agg(transfer_id ORDER BY created_xid DESC) AS ids, array_agg(created_xid ORDER BY created_xid DESC) AS xids
+    FROM (SELECT transfer_id, created_xid FROM %[1]s ORDER BY created_xid DESC LIMIT 4) x
+`
+
 // moveCheckpoint adds what the transfers since the cut-off moved to the
 // checkpoint's nets, and moves its cut-off to this pass's snapshot, the
 // sweep to $1, and its witnesses to the newest transfers since, if any.
-const moveCheckpoint = `
+var moveCheckpoint = `
 WITH nets AS (
     INSERT INTO reconcile_checkpoint_net AS c (account, net_minor)
     SELECT d.account, coalesce(n.net_minor, 0) + d.delta
     FROM reconcile_pass_delta d LEFT JOIN reconcile_checkpoint_net n ON n.account = d.account
     ON CONFLICT (account) DO UPDATE SET net_minor = EXCLUDED.net_minor
-), w AS (
-    SELECT array_agg(transfer_id ORDER BY created_xid DESC) AS ids, array_agg(created_xid ORDER BY created_xid DESC) AS xids
-    FROM (SELECT transfer_id, created_xid FROM reconcile_pass_new WHERE created ORDER BY created_xid DESC LIMIT 4) x
-)
+), w AS (` + fmt.Sprintf(witnessesSQL, `reconcile_pass_new WHERE created`) + `)
 UPDATE reconcile_checkpoint SET cutoff = pg_current_snapshot(), written_by = pg_current_xact_id(), written_at = now(),
     swept_to = $1, witness_ids = coalesce(w.ids, witness_ids), witness_xids = coalesce(w.xids, witness_xids)
 FROM w`
@@ -153,14 +160,10 @@ ON CONFLICT (account) DO UPDATE SET net_minor = EXCLUDED.net_minor WHERE c.net_m
 // snapshot), the transaction that wrote it, and its witnesses: the newest
 // transfers among those of the last million transaction ids, found by
 // the BRIN index.
-const rebuiltHeader = `
-WITH w AS (
-    SELECT array_agg(transfer_id ORDER BY created_xid DESC) AS ids, array_agg(created_xid ORDER BY created_xid DESC) AS xids
-    FROM (SELECT transfer_id, created_xid FROM transfer
+var rebuiltHeader = `
+WITH w AS (` + fmt.Sprintf(witnessesSQL, `transfer
           WHERE created_xid >= pg_snapshot_xmin(pg_current_snapshot())::text::bigint - 1000000
-            AND pg_visible_in_snapshot(created_xid::text::xid8, pg_current_snapshot())
-          ORDER BY created_xid DESC LIMIT 4) x
-)
+            AND pg_visible_in_snapshot(created_xid::text::xid8, pg_current_snapshot())`) + `)
 UPDATE reconcile_checkpoint SET cutoff = pg_current_snapshot(), forgotten = NULL, written_by = pg_current_xact_id(),
     written_at = now(), witness_ids = coalesce(w.ids, '{}'), witness_xids = coalesce(w.xids, '{}'),
     distrust = NULL, rebuilt_at = now(), full_at = now(), swept_to = ''
