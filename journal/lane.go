@@ -35,12 +35,13 @@ type Lane struct {
 	out    appender // the committed transactions' entries, on their way to the stream
 	prev   int64    // the queue's last sequence, as the database holds it once synced
 	synced bool
-	// seen is the mark the last Check saw while the lane was not synced
-	// (checked says there was one): a mark that moves meanwhile is moved
-	// by another reader, who consumes the queue.
-	seen    int64
-	checked bool
-	closed  bool
+	// lastCheckMark is the database's mark as the last Check found it
+	// while the lane was not synced (checkedUnsynced says one did): a
+	// mark that moves past it meanwhile is moved by another reader, who
+	// consumes the queue.
+	lastCheckMark   int64
+	checkedUnsynced bool
+	closed          bool
 	// unrestorable is the last Recover's *ShortError: while the database's mark
 	// stays where it was, the retries of the waiting queue answer it again
 	// without reading the stream from its start each time.
@@ -50,7 +51,7 @@ type Lane struct {
 // store is where a Lane's entries go and come from: the Journal.
 type store interface {
 	write(ctx context.Context, queue string, msgs []event.Spilled) error
-	readAll(ctx context.Context, since time.Time, wants map[string]*want) error
+	readAll(ctx context.Context, since time.Time, reads map[string]*queueRead) error
 }
 
 // Wrap returns inner with the journal, for queue's worker. The journal's
@@ -246,13 +247,13 @@ func (l *Lane) Check(ctx context.Context) (int, error) {
 	case l.synced && mark == l.prev && here:
 		l.vouchIdle(ctx, mark, began)
 		return 0, nil
-	case l.synced && mark > l.prev, !l.synced && l.checked && mark > l.seen:
-		l.synced, l.seen, l.checked = false, mark, true
+	case l.synced && mark > l.prev, !l.synced && l.checkedUnsynced && mark > l.lastCheckMark:
+		l.synced, l.lastCheckMark, l.checkedUnsynced = false, mark, true
 		return 0, nil
 	}
 	n, err := l.recoverAgain(ctx)
 	if err != nil {
-		l.seen, l.checked = mark, true
+		l.lastCheckMark, l.checkedUnsynced = mark, true
 	} else {
 		l.out.settle(l.prev) // where the database and the journal reach together
 	}
