@@ -11,8 +11,6 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-
-	"transferconsumer/event"
 )
 
 // Found is what a Read found of a queue's entries.
@@ -291,65 +289,3 @@ const (
 	pageSize     = 1000
 	readPrefetch = 100
 )
-
-// decode decodes a journal message's entries of queue, each event with
-// the message it was first delivered in. It fails only when the body does
-// not parse as a journal message's entries: an entry whose event (or
-// headers) no longer decodes is handed over as such (entry), and its
-// neighbours with it.
-func decode(queue string, body []byte) ([]Entry, error) {
-	var wire []wireEntry
-	if err := json.Unmarshal(body, &wire); err != nil {
-		return nil, err
-	}
-	out := make([]Entry, len(wire))
-	for i, w := range wire {
-		out[i] = w.entry(queue)
-	}
-	return out, nil
-}
-
-// entry is w, an entry of queue, as it was journaled. An entry whose event
-// was applied and acked once, and no longer decodes (a later release that
-// validates more, a body that no longer validates), or whose headers do
-// not, comes back dead, with its letter (undecodable): a restore parks
-// the letter with the move of the mark past it, and applies its
-// neighbours. A dead entry without a letter is never applied again, so its
-// event need not decode.
-func (w wireEntry) entry(queue string) Entry {
-	if lt := w.Letter; lt != nil {
-		letter := &event.OutboxLetter{EventID: lt.EventID, EventType: lt.EventType, Class: lt.Class, Reason: lt.Reason,
-			RoutingKey: w.RoutingKey, MessageID: w.MessageID, ContentType: w.ContentType, Body: lt.Body,
-			Headers: w.Headers, Queue: queue}
-		return Entry{Queue: queue, Seq: w.Seq, Dead: true, Letter: letter, Event: event.Event{ID: lt.EventID, Type: lt.EventType}}
-	}
-	ev, err := event.Decode(w.Body, w.MessageID, w.Type)
-	var headers amqp.Table
-	if err == nil && len(w.Headers) > 0 {
-		if herr := json.Unmarshal(w.Headers, &headers); herr != nil {
-			err = event.Poison(fmt.Errorf("its headers are not a table: %w", herr))
-		}
-	}
-	switch {
-	case err != nil && w.Dead:
-		return Entry{Queue: queue, Seq: w.Seq, Event: ev, Dead: true}
-	case err != nil:
-		return w.undecodable(queue, ev, err)
-	}
-	ev.Message = event.Message{RoutingKey: w.RoutingKey, Body: w.Body, Headers: headers, MessageID: w.MessageID, ContentType: w.ContentType}
-	return Entry{Queue: queue, Seq: w.Seq, Event: ev, Dead: w.Dead}
-}
-
-// undecodable is w, an entry of queue whose event, applied and acked
-// once, no longer decodes (err; ev is what could be read of it), as a dead
-// entry with its letter: the entry's message as journaled, its class
-// err's, and a reason that says so.
-func (w wireEntry) undecodable(queue string, ev event.Event, err error) Entry {
-	id, typ := cmp.Or(ev.ID, w.MessageID), cmp.Or(ev.Type, w.Type)
-	letter := &event.OutboxLetter{EventID: id, EventType: typ, Class: string(event.ClassOf(context.Background(), err)),
-		Reason: fmt.Sprintf("applied and acked once, then no longer decodes when applied again from the journal (entry %d of %s): %v",
-			w.Seq, queue, err),
-		RoutingKey: w.RoutingKey, MessageID: w.MessageID, ContentType: w.ContentType, Body: w.Body, Headers: w.Headers,
-		Queue: queue, At: time.Now()}
-	return Entry{Queue: queue, Seq: w.Seq, Dead: true, Letter: letter, Undecodable: err, Event: event.Event{ID: id, Type: typ}}
-}
