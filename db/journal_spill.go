@@ -156,31 +156,8 @@ func (l *lane) ParkMarked(ctx context.Context, lt event.OutboxLetter, m event.Ma
 	call := func(b *strings.Builder) error {
 		b.WriteString("WITH moved AS (SELECT true")
 		writeMark(b, &m)
-		b.WriteString(") INSERT INTO dead_letter_outbox (event_id, queue, event_type, class, reason, routing_key, body, headers, message_id, content_type) SELECT ")
-		if event.IsUUID(lt.EventID) {
-			writeText(b, lt.EventID)
-			b.WriteString("::uuid")
-		} else {
-			b.WriteString("NULL")
-		}
-		for _, v := range []string{lt.Queue, lt.EventType, lt.Class, lt.Reason, lt.RoutingKey} {
-			b.WriteString(", ")
-			writeText(b, storableText(v))
-		}
-		b.WriteString(", ")
-		writeBytes(b, lt.Body)
-		b.WriteString(", ")
-		if h := storableHeaders(lt.Headers); len(h) > 0 {
-			writeText(b, string(h))
-			b.WriteString("::jsonb")
-		} else {
-			b.WriteString("NULL")
-		}
-		for _, v := range []string{lt.MessageID, lt.ContentType} {
-			b.WriteString(", NULLIF(")
-			writeText(b, storableText(v))
-			b.WriteString(", '')")
-		}
+		b.WriteString(") ")
+		writeLetterInsert(b, lt)
 		b.WriteString(" FROM moved RETURNING id")
 		return nil
 	}

@@ -3,6 +3,7 @@ package db
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -82,25 +83,59 @@ func deref(s *string) string {
 // the service parks a dead letter there when a broker alarm holds its copy
 // back, and then acks the message (adr/0002). It returns the database's
 // errors, translated.
+//
+// The letter is written as literals (writeLetterInsert), so that the
+// INSERT is one simple-protocol Query message, as an attempt is: with
+// parameters, outside a transaction, lib/pq would send it in two
+// exchanges (Parse, then Bind and Execute), which PgBouncer in
+// transaction mode may hand to two server connections
+// (TestParkIsOneRoundTrip).
 func (in *Inbox) Park(ctx context.Context, l event.OutboxLetter) error {
-	var eventID *string
-	if event.IsUUID(l.EventID) {
-		eventID = &l.EventID
-	}
+	var q strings.Builder
+	writeLetterInsert(&q, l)
+	q.WriteString(" RETURNING id")
 	var id int64
-	err := in.db.QueryRowContext(ctx, `
-		INSERT INTO dead_letter_outbox (event_id, queue, event_type, class, reason, routing_key, body, headers, message_id, content_type)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULLIF($9, ''), NULLIF($10, ''))
-		RETURNING id`,
-		eventID, storableText(l.Queue), storableText(l.EventType), l.Class, storableText(l.Reason), storableText(l.RoutingKey),
-		l.Body, nullJSON(storableHeaders(l.Headers)), storableText(l.MessageID), storableText(l.ContentType)).Scan(&id)
-	if err != nil {
+	if err := in.db.GetContext(ctx, &id, q.String()); err != nil {
 		return translate(fmt.Errorf("park the dead letter of event %s: %w", l.EventID, err))
 	}
 	if l.Abandoned != nil {
 		in.holdParked(ctx, id, l.Abandoned)
 	}
 	return nil
+}
+
+// writeLetterInsert writes the INSERT of lt into dead_letter_outbox, its
+// values as literals in a SELECT list, for the caller to end (a FROM
+// clause, RETURNING): Park's and ParkMarked's one definition of a
+// letter's row. An event id that is not a UUID is NULL, as are an empty
+// message id and content type; text is kept as a text column keeps it
+// (storableText), headers as jsonb does (storableHeaders).
+func writeLetterInsert(b *strings.Builder, lt event.OutboxLetter) {
+	b.WriteString("INSERT INTO dead_letter_outbox (event_id, queue, event_type, class, reason, routing_key, body, headers, message_id, content_type) SELECT ")
+	if event.IsUUID(lt.EventID) {
+		writeText(b, lt.EventID)
+		b.WriteString("::uuid")
+	} else {
+		b.WriteString("NULL")
+	}
+	for _, v := range []string{lt.Queue, lt.EventType, lt.Class, lt.Reason, lt.RoutingKey} {
+		b.WriteString(", ")
+		writeText(b, storableText(v))
+	}
+	b.WriteString(", ")
+	writeBytes(b, lt.Body)
+	b.WriteString(", ")
+	if h := storableHeaders(lt.Headers); len(h) > 0 {
+		writeText(b, string(h))
+		b.WriteString("::jsonb")
+	} else {
+		b.WriteString("NULL")
+	}
+	for _, v := range []string{lt.MessageID, lt.ContentType} {
+		b.WriteString(", NULLIF(")
+		writeText(b, storableText(v))
+		b.WriteString(", '')")
+	}
 }
 
 // holdParked keeps the parked letter id from the drain (whose SKIP LOCKED
@@ -135,12 +170,4 @@ func (in *Inbox) holdParked(ctx context.Context, id int64, answer <-chan error) 
 		}
 		_ = tx.Commit()
 	}()
-}
-
-// nullJSON is headers as a jsonb parameter: NULL when there are none.
-func nullJSON(b []byte) any {
-	if len(b) == 0 {
-		return nil
-	}
-	return string(b)
 }

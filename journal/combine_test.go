@@ -45,13 +45,13 @@ func TestSeveralLanesWritesGoInOneMessageAndComeBackApart(t *testing.T) {
 	// A body of {} is no event: each entry comes back alone, as one that
 	// no longer decodes, with its letter, in its own queue's part.
 	noop := func(Found) error { return nil }
-	wants := map[string]*want{"q.0": {after: 3, page: noop}, "q.1": {page: noop}}
-	ended, err := takeDelivery(wants, pubs[0].Headers, pubs[0].Body)
+	reads := map[string]*queueRead{"q.0": {after: 3, page: noop}, "q.1": {page: noop}}
+	ended, err := takeDelivery(reads, pubs[0].Headers, pubs[0].Body)
 	if err != nil || ended != 0 {
 		t.Fatalf("ended %d, %v; want each queue's part read", ended, err)
 	}
 	for q, want := range map[string][]int64{"q.0": {4, 5}, "q.1": {7}} {
-		es := wants[q].found.Entries
+		es := reads[q].found.Entries
 		if got := seqsOf(es); !slices.Equal(got, want) {
 			t.Fatalf("%s got %v, want %v", q, got, want)
 		}
@@ -63,11 +63,11 @@ func TestSeveralLanesWritesGoInOneMessageAndComeBackApart(t *testing.T) {
 	}
 	// A body that does not parse: each queue's part is reported with its
 	// range.
-	wants = map[string]*want{"q.0": {after: 3, page: noop}, "q.1": {page: noop}}
-	ended, err = takeDelivery(wants, pubs[0].Headers, pubs[0].Body[:len(pubs[0].Body)-1])
+	reads = map[string]*queueRead{"q.0": {after: 3, page: noop}, "q.1": {page: noop}}
+	ended, err = takeDelivery(reads, pubs[0].Headers, pubs[0].Body[:len(pubs[0].Body)-1])
 	var u *unreadable
-	if err != nil || ended != 2 || !errors.As(wants["q.0"].err, &u) || u.first != 3 || u.last != 5 {
-		t.Fatalf("ended %d, %v, q.0: %v; want both queues' parts named, q.0's 3 to 5", ended, err, wants["q.0"].err)
+	if err != nil || ended != 2 || !errors.As(reads["q.0"].err, &u) || u.first != 3 || u.last != 5 {
+		t.Fatalf("ended %d, %v, q.0: %v; want both queues' parts named, q.0's 3 to 5", ended, err, reads["q.0"].err)
 	}
 
 	// With events that decode, each queue gets its own entries, in order.
@@ -90,17 +90,17 @@ func TestSeveralLanesWritesGoInOneMessageAndComeBackApart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wants = map[string]*want{"q.0": {after: 3, page: noop}, "q.1": {page: noop}}
-	for _, w := range wants {
-		w.found.Tail = w.after
+	reads = map[string]*queueRead{"q.0": {after: 3, page: noop}, "q.1": {page: noop}}
+	for _, qr := range reads {
+		qr.found.Highest = qr.after
 	}
-	if ended, err := takeDelivery(wants, pubs[0].Headers, pubs[0].Body); ended != 0 || err != nil {
+	if ended, err := takeDelivery(reads, pubs[0].Headers, pubs[0].Body); ended != 0 || err != nil {
 		t.Fatalf("ended %d, %v", ended, err)
 	}
-	if got := seqsOf(wants["q.0"].found.Entries); !slices.Equal(got, []int64{4, 5}) || wants["q.0"].found.First != 3 {
-		t.Errorf("q.0 got %v (first %d), want 4 5 (first 3)", got, wants["q.0"].found.First)
+	if got := seqsOf(reads["q.0"].found.Entries); !slices.Equal(got, []int64{4, 5}) || reads["q.0"].found.First != 3 {
+		t.Errorf("q.0 got %v (first %d), want 4 5 (first 3)", got, reads["q.0"].found.First)
 	}
-	if got := seqsOf(wants["q.1"].found.Entries); !slices.Equal(got, []int64{7}) {
+	if got := seqsOf(reads["q.1"].found.Entries); !slices.Equal(got, []int64{7}) {
 		t.Errorf("q.1 got %v, want 7", got)
 	}
 

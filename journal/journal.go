@@ -17,7 +17,6 @@ package journal
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -28,77 +27,6 @@ import (
 
 	"transferconsumer/event"
 )
-
-// A journal message holds the entries of one transaction, of one queue:
-// its headers name the queue and the first and last sequence, its body is
-// the entries in JSON (wireEntry). One message per transaction, not per
-// event, keeps the broker's work per batch, not per event. A fence, which
-// a read appends to know where the stream ended, has only its header.
-const (
-	hQueue = "x-journal-queue"
-	hFirst = "x-journal-first"
-	hLast  = "x-journal-last"
-	hFence = "x-journal-fence"
-	// hQueues, on a message that holds several queues' entries (what
-	// several lanes wrote at once, combine.go): by queue, a table of its
-	// first and last sequence; the body is then [{"q": queue, "e":
-	// entries}, …].
-	hQueues = "x-journal-queues"
-)
-
-// maxMessage bounds a journal message's body: the entries of a larger
-// transaction are split over several messages.
-const maxMessage = 1 << 20
-
-// wireEntry is an entry in a journal message's body: the event's delivery
-// as it came, with its sequence. The body and the headers are JSON
-// already (event.Decode accepted the one, event.HeadersJSON wrote the
-// other), so they are written into the entry as they are.
-type wireEntry struct {
-	Seq         int64           `json:"seq"`
-	Dead        bool            `json:"deadLettered,omitempty"`
-	Letter      *wireLetter     `json:"letter,omitempty"`
-	Type        string          `json:"type,omitempty"`
-	MessageID   string          `json:"messageId,omitempty"`
-	ContentType string          `json:"contentType,omitempty"`
-	RoutingKey  string          `json:"routingKey"`
-	Headers     json.RawMessage `json:"headers,omitempty"`
-	Body        json.RawMessage `json:"body"`
-}
-
-// wireLetter is what a letter's entry keeps besides the message: the
-// letter's own fields, and the body, which need not be JSON, in base64.
-type wireLetter struct {
-	EventID   string `json:"eventId,omitempty"`
-	EventType string `json:"eventType,omitempty"`
-	Class     string `json:"class"`
-	Reason    string `json:"reason"`
-	Body      []byte `json:"body"`
-}
-
-// appendEntry appends e's wire form to b: its other fields through
-// encoding/json, then its headers and body as they are, without the
-// copy and the check json.RawMessage would make of them.
-func appendEntry(b []byte, e Entry) ([]byte, error) {
-	if lt := e.Letter; lt != nil {
-		w, err := json.Marshal(wireEntry{Seq: e.Seq, Dead: true, MessageID: lt.MessageID, ContentType: lt.ContentType,
-			RoutingKey: lt.RoutingKey, Headers: json.RawMessage(lt.Headers), Body: json.RawMessage("null"),
-			Letter: &wireLetter{EventID: lt.EventID, EventType: lt.EventType, Class: lt.Class, Reason: lt.Reason, Body: lt.Body}})
-		return append(b, w...), err
-	}
-	m := e.Event.Message
-	meta, err := json.Marshal(wireEntry{Seq: e.Seq, Dead: e.Dead, Type: e.Event.Type, MessageID: m.MessageID,
-		ContentType: m.ContentType, RoutingKey: m.RoutingKey, Body: json.RawMessage("null")})
-	if err != nil {
-		return b, err
-	}
-	b = append(b, meta[:len(meta)-len(`"body":null}`)]...)
-	if h := event.HeadersJSON(m.Headers); h != nil {
-		b = append(append(append(b, `"headers":`...), h...), ',')
-	}
-	b = append(append(b, `"body":`...), m.Body...)
-	return append(b, '}'), nil
-}
 
 // DefaultSkew is how long before the database's mark moved a read of the
 // journal starts, when Config.Skew is not set: the mark's time is the
@@ -383,45 +311,6 @@ func (j *Journal) answered(ch *amqp.Channel, err error) error {
 		return fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
 	}
 	return nil
-}
-
-// encode encodes entries, one queue's consecutive ones, as journal
-// messages: each holds up to maxMessage bytes of body.
-func encode(entries []Entry) ([]event.Spilled, error) {
-	var out []event.Spilled
-	var m *event.Spilled
-	for _, e := range entries {
-		if m != nil && len(m.Body) > maxMessage-len(e.Event.Message.Body)-1024 {
-			m.Body = append(m.Body, ']')
-			m = nil
-		}
-		if m == nil {
-			out = append(out, event.Spilled{First: e.Seq, Body: make([]byte, 1, 64<<10)})
-			m = &out[len(out)-1]
-			m.Body[0] = '['
-		} else {
-			m.Body = append(m.Body, ',')
-		}
-		var err error
-		if m.Body, err = appendEntry(m.Body, e); err != nil {
-			return nil, fmt.Errorf("entry %d of %s: %w", e.Seq, e.Queue, err)
-		}
-		m.Last = e.Seq
-		m.Entries++
-	}
-	if m != nil {
-		m.Body = append(m.Body, ']')
-	}
-	return out, nil
-}
-
-// publishing is the message that carries m, of queue, to the stream.
-func publishing(queue string, m event.Spilled, now time.Time) amqp.Publishing {
-	return amqp.Publishing{
-		Headers:     amqp.Table{hQueue: queue, hFirst: m.First, hLast: m.Last},
-		ContentType: "application/json", DeliveryMode: amqp.Persistent, Timestamp: now,
-		Body: m.Body,
-	}
 }
 
 // fail drops ch, so that the next use connects again: a channel whose

@@ -35,12 +35,13 @@ type Lane struct {
 	out    appender // the committed transactions' entries, on their way to the stream
 	prev   int64    // the queue's last sequence, as the database holds it once synced
 	synced bool
-	// seen is the mark the last Check saw while the lane was not synced
-	// (checked says there was one): a mark that moves meanwhile is moved
-	// by another reader, who consumes the queue.
-	seen    int64
-	checked bool
-	closed  bool
+	// lastCheckMark is the database's mark as the last Check found it
+	// while the lane was not synced (checkedUnsynced says one did): a
+	// mark that moves past it meanwhile is moved by another reader, who
+	// consumes the queue.
+	lastCheckMark   int64
+	checkedUnsynced bool
+	closed          bool
 	// unrestorable is the last Recover's *ShortError: while the database's mark
 	// stays where it was, the retries of the waiting queue answer it again
 	// without reading the stream from its start each time.
@@ -50,7 +51,7 @@ type Lane struct {
 // store is where a Lane's entries go and come from: the Journal.
 type store interface {
 	write(ctx context.Context, queue string, msgs []event.Spilled) error
-	readAll(ctx context.Context, since time.Time, wants map[string]*want) error
+	readAll(ctx context.Context, since time.Time, reads map[string]*queueRead) error
 }
 
 // Wrap returns inner with the journal, for queue's worker. The journal's
@@ -114,50 +115,21 @@ func (l *Lane) Apply(ctx context.Context, ev event.Event) (event.Result, error) 
 func (l *Lane) ApplyBatch(ctx context.Context, evs []event.Event) ([]event.Outcome, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for again := true; ; again = false {
-		if !l.synced {
-			if _, err := l.recoverAgain(ctx); err != nil {
-				return nil, event.Transient(&restoreError{err})
-			}
-		}
-		m := event.Mark{Queue: l.queue, Prev: l.prev, Last: l.prev + int64(len(evs))}
-		outs, err := l.commit(ctx, evs, m)
-		if errors.Is(err, event.ErrJournalGap) {
-			l.synced = false
-			l.log.Warn("journal: the database does not hold the mark the worker went on from, or does not vouch for it "+
-				"since a restart, a failover or a restore; reading the journal again",
-				"queue", l.queue, "err", err)
-			if again {
-				continue
-			}
-		}
-		if err != nil {
+	var outs []event.Outcome
+	err := l.commitNext(ctx, len(evs), func(m event.Mark) (entries []Entry, err error) {
+		if outs, err = l.inner.ApplyMarked(ctx, evs, m); err != nil {
 			return nil, err
 		}
-		l.prev = m.Last
-		entries := make([]Entry, len(evs))
+		entries = make([]Entry, len(evs))
 		for i, o := range outs {
 			entries[i] = Entry{Queue: l.queue, Seq: m.Prev + 1 + int64(i), Event: evs[i], Dead: o.Err != nil}
 		}
-		l.out.add(entries)
-		return outs, nil
+		return entries, nil
+	})
+	if err != nil {
+		return nil, err
 	}
-}
-
-// commit is the inner lane's ApplyMarked, the writer told of it while it
-// goes on (appender.committing): after a loss of commits, its move from
-// below entries the writer kept says they are lost.
-func (l *Lane) commit(ctx context.Context, evs []event.Event, m event.Mark) (outs []event.Outcome, err error) {
-	l.out.committing(m.Prev)
-	defer func() { l.out.committed(m.Prev, err == nil) }()
-	return l.inner.ApplyMarked(ctx, evs, m)
-}
-
-// commitPark is mp's ParkMarked, the writer told of it as of a commit.
-func (l *Lane) commitPark(ctx context.Context, mp MarkedParker, lt event.OutboxLetter, m event.Mark) (err error) {
-	l.out.committing(m.Prev)
-	defer func() { l.out.committed(m.Prev, err == nil) }()
-	return mp.ParkMarked(ctx, lt, m)
+	return outs, nil
 }
 
 // MarkedParker is a database lane that can park a dead letter and move
@@ -184,16 +156,39 @@ func (l *Lane) Park(ctx context.Context, lt event.OutboxLetter) error {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return l.commitNext(ctx, 1, func(m event.Mark) ([]Entry, error) {
+		if err := mp.ParkMarked(ctx, lt, m); err != nil {
+			return nil, err
+		}
+		kept := lt
+		kept.Abandoned, kept.Queue = nil, l.queue
+		return []Entry{{Queue: l.queue, Seq: m.Last, Dead: true, Letter: &kept,
+			Event: event.Event{ID: lt.EventID, Type: lt.EventType}}}, nil
+	})
+}
+
+// commitNext commits a transaction that takes the queue's next n
+// sequences: commit runs it, moving the database's mark as m says, and
+// returns the entries it journals, which go to the writer once it
+// committed. The lane restores first when it is not synced, and again
+// when the database does not hold the mark it went on from
+// (event.ErrJournalGap: a failover, a restore, another reader), then
+// commits once more; a second gap is returned. An error means nothing
+// was committed. Under mu.
+func (l *Lane) commitNext(ctx context.Context, n int, commit func(m event.Mark) ([]Entry, error)) error {
 	for again := true; ; again = false {
 		if !l.synced {
 			if _, err := l.recoverAgain(ctx); err != nil {
 				return event.Transient(&restoreError{err})
 			}
 		}
-		m := event.Mark{Queue: l.queue, Prev: l.prev, Last: l.prev + 1}
-		err := l.commitPark(ctx, mp, lt, m)
+		m := event.Mark{Queue: l.queue, Prev: l.prev, Last: l.prev + int64(n)}
+		entries, err := l.commitTold(m, commit)
 		if errors.Is(err, event.ErrJournalGap) {
 			l.synced = false
+			l.log.Warn("journal: the database does not hold the mark the worker went on from, or does not vouch for it "+
+				"since a restart, a failover or a restore; reading the journal again",
+				"queue", l.queue, "err", err)
 			if again {
 				continue
 			}
@@ -202,12 +197,18 @@ func (l *Lane) Park(ctx context.Context, lt event.OutboxLetter) error {
 			return err
 		}
 		l.prev = m.Last
-		kept := lt
-		kept.Abandoned, kept.Queue = nil, l.queue
-		l.out.add([]Entry{{Queue: l.queue, Seq: m.Last, Dead: true, Letter: &kept,
-			Event: event.Event{ID: lt.EventID, Type: lt.EventType}}})
+		l.out.add(entries)
 		return nil
 	}
+}
+
+// commitTold is commit(m), the writer told of it while it goes on
+// (appender.committing): after a loss of commits, its move from below
+// entries the writer kept says they are lost.
+func (l *Lane) commitTold(m event.Mark, commit func(m event.Mark) ([]Entry, error)) (entries []Entry, err error) {
+	l.out.committing(m.Prev)
+	defer func() { l.out.committed(m.Prev, err == nil) }()
+	return commit(m)
 }
 
 // Check compares the database's mark with the lane's, as the journal's
@@ -246,13 +247,13 @@ func (l *Lane) Check(ctx context.Context) (int, error) {
 	case l.synced && mark == l.prev && here:
 		l.vouchIdle(ctx, mark, began)
 		return 0, nil
-	case l.synced && mark > l.prev, !l.synced && l.checked && mark > l.seen:
-		l.synced, l.seen, l.checked = false, mark, true
+	case l.synced && mark > l.prev, !l.synced && l.checkedUnsynced && mark > l.lastCheckMark:
+		l.synced, l.lastCheckMark, l.checkedUnsynced = false, mark, true
 		return 0, nil
 	}
 	n, err := l.recoverAgain(ctx)
 	if err != nil {
-		l.seen, l.checked = mark, true
+		l.lastCheckMark, l.checkedUnsynced = mark, true
 	} else {
 		l.out.settle(l.prev) // where the database and the journal reach together
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime"
 	"slices"
 	"sync"
@@ -386,5 +387,44 @@ func TestAParkedLetterIsJournaledAndParkedAgainAfterALoss(t *testing.T) {
 	}
 	if !slices.Equal(db.applied, ids(evs)) || db.mark != 4 {
 		t.Errorf("applied %v, mark %d; want each event once in order, 4", db.applied, db.mark)
+	}
+}
+
+// A park that finds the database without the commits the lane went on
+// from (a failover) says so, as an apply does, applies the lost events
+// again first, and then takes the queue's next sequence: one loop
+// (commitNext) serves both, and before it a park restored without a word.
+func TestAGapFoundByAnApplyOrAParkIsLoggedAndRestoredFirst(t *testing.T) {
+	for _, by := range []string{"apply", "park"} {
+		t.Run(by, func(t *testing.T) {
+			db, s, log := &database{}, &stream{}, &logged{}
+			l := loggedLane(db, s, Config{}, log)
+			evs := events(4)
+			applyAll(t, l, evs[:3], 1)
+			db.lose(2)
+			var err error
+			if by == "apply" {
+				_, err = applyBatch(t, l, evs[3:])
+			} else {
+				err = l.Park(t.Context(), event.OutboxLetter{EventID: "poison-1", Class: "poison", Reason: "not JSON", Body: []byte("x")})
+				waitJournaled(t, l)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := log.with(slog.LevelWarn, "does not hold the mark the worker went on from"); len(got) != 1 {
+				t.Errorf("logged %q of the gap, want one line", got)
+			}
+			want := ids(evs[:3])
+			if by == "apply" {
+				want = ids(evs)
+			}
+			if !slices.Equal(db.applied, want) || db.mark != 4 {
+				t.Errorf("applied %v, mark %d; want %v, 4", db.applied, db.mark, want)
+			}
+			if by == "park" && !slices.Equal(db.letters(), []string{"poison-1"}) {
+				t.Errorf("parked %v, want the letter once", db.letters())
+			}
+		})
 	}
 }

@@ -13,7 +13,7 @@ import (
 // when applied again (letter), and how every letter a restore writes goes
 // with the move of the mark past its entry, in one transaction
 // (parkMarked). An entry that no longer decodes comes with its letter
-// from the read (read.go).
+// from the read (wire.go).
 
 // refused logs an entry that the database refused when applied again.
 func (l *Lane) refused(e Entry, err error) {

@@ -394,7 +394,7 @@ func (s *stream) put(queue string, first, last int64, body []byte) {
 
 // readAll hands over pages of two entries, unless told otherwise, so that
 // restores cross pages.
-func (s *stream) readAll(ctx context.Context, since time.Time, wants map[string]*want) error {
+func (s *stream) readAll(ctx context.Context, since time.Time, reads map[string]*queueRead) error {
 	s.reads++
 	if s.blocked {
 		return &unreadError{fmt.Errorf("journal: fence: %w", errBlocked)}
@@ -407,27 +407,27 @@ func (s *stream) readAll(ctx context.Context, since time.Time, wants map[string]
 		return errors.New("the stream does not answer")
 	}
 	size := cmp.Or(s.page, 2)
-	page := func(w *want) {
+	page := func(qr *queueRead) {
 		if s.atPage != nil {
 			s.atPage()
 		}
-		w.err = w.page(w.found)
-		w.found.Entries = nil
+		qr.err = qr.page(qr.found)
+		qr.found.Entries = nil
 	}
 	// The writer may write meanwhile (a restore does not wait for what
 	// the database holds): the read sees what was written when it began.
 	s.mu.Lock()
 	head, entries, written, raw := s.head, slices.Clone(s.entries), slices.Clone(s.written), slices.Clone(s.raw)
 	s.mu.Unlock()
-	for _, w := range wants {
-		w.found = Found{Tail: w.after, FromStart: since.IsZero(), Head: head}
+	for _, qr := range reads {
+		qr.found = Found{Highest: qr.after, FromStart: since.IsZero(), Head: head}
 	}
 	putBefore := func(i int) error {
 		for ; len(raw) > 0 && raw[0].before == i; raw = raw[1:] {
 			if raw[0].written.Before(since) {
 				continue
 			}
-			if _, err := takeDelivery(wants, raw[0].headers, raw[0].body); err != nil {
+			if _, err := takeDelivery(reads, raw[0].headers, raw[0].body); err != nil {
 				return err
 			}
 		}
@@ -437,25 +437,25 @@ func (s *stream) readAll(ctx context.Context, since time.Time, wants map[string]
 		if err := putBefore(i); err != nil {
 			return err
 		}
-		w := wants[e.Queue]
-		if w == nil || w.err != nil || written[i].Before(since) {
+		qr := reads[e.Queue]
+		if qr == nil || qr.err != nil || written[i].Before(since) {
 			continue // the stream's clock is the database's here: no skew
 		}
 		if s.bad[e.Seq] {
-			w.unreadable(e.Seq, e.Seq, e.Seq, errors.New("no longer parses"))
+			qr.unreadable(e.Seq, e.Seq, e.Seq, errors.New("no longer parses"))
 			continue
 		}
-		w.take(e)
-		if len(w.found.Entries) == size {
-			page(w)
+		qr.take(e)
+		if len(qr.found.Entries) == size {
+			page(qr)
 		}
 	}
 	if err := putBefore(len(entries)); err != nil {
 		return err
 	}
-	for _, w := range wants {
-		if w.err == nil && len(w.found.Entries) > 0 {
-			page(w)
+	for _, qr := range reads {
+		if qr.err == nil && len(qr.found.Entries) > 0 {
+			page(qr)
 		}
 	}
 	return nil

@@ -71,23 +71,23 @@ func recoverAll(ctx context.Context, s store, lanes []*Lane) (map[string]int, ma
 		}
 		rs[l.queue] = r
 	}
-	pass := func(since time.Time, which map[string]*restoring) map[string]*want {
-		wants := map[string]*want{}
+	pass := func(since time.Time, which map[string]*restoring) map[string]*queueRead {
+		reads := map[string]*queueRead{}
 		for q, r := range which {
-			wants[q] = &want{after: r.mark, page: r.page}
+			reads[q] = &queueRead{after: r.mark, page: r.page}
 		}
-		if len(wants) == 0 {
-			return wants
+		if len(reads) == 0 {
+			return reads
 		}
-		if err := s.readAll(ctx, since, wants); err != nil {
-			for _, w := range wants {
-				w.err = err
+		if err := s.readAll(ctx, since, reads); err != nil {
+			for _, qr := range reads {
+				qr.err = err
 			}
 		}
-		return wants
+		return reads
 	}
-	end := func(q string, r *restoring, w *want) {
-		n, err := r.end(w.found, w.err)
+	end := func(q string, r *restoring, qr *queueRead) {
+		n, err := r.end(qr.found, qr.err)
 		if errors.Is(err, event.ErrJournalGap) {
 			// Another reader moved the mark under it: this queue alone,
 			// from the mark the database holds now.
@@ -100,19 +100,19 @@ func recoverAll(ctx context.Context, s store, lanes []*Lane) (map[string]int, ma
 			errs[q] = err
 		}
 	}
-	wants := pass(since, rs)
+	reads := pass(since, rs)
 	again := map[string]*restoring{}
 	for q, r := range rs {
-		if errors.Is(wants[q].err, errFromStart) {
+		if errors.Is(reads[q].err, errFromStart) {
 			again[q] = r
 			continue
 		}
-		end(q, r, wants[q])
+		end(q, r, reads[q])
 	}
 	if len(again) > 0 {
-		wants = pass(time.Time{}, again)
+		reads = pass(time.Time{}, again)
 		for q, r := range again {
-			end(q, r, wants[q])
+			end(q, r, reads[q])
 		}
 	}
 	return applied, errs

@@ -11,8 +11,6 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
-
-	"transferconsumer/event"
 )
 
 // Found is what a Read found of a queue's entries.
@@ -21,8 +19,8 @@ type Found struct {
 	// those of the page.
 	Entries []Entry
 	// First is the sequence of the queue's first entry the read saw (0
-	// for none), Tail the highest (after, if none is higher).
-	First, Tail int64
+	// for none), Highest the highest (after, if none is higher).
+	First, Highest int64
 	// FromStart: the read began at the stream's first entry, whose time
 	// is Head (the zero time for an empty stream).
 	FromStart bool
@@ -35,14 +33,15 @@ type Found struct {
 // An error of page ends the read. It starts Config.Skew before since, or at the
 // stream's first entry when since is zero, and reads up to a fence it
 // appends first, so it sees every entry confirmed before it was called.
-// The Found it returns has the read's First and Tail, and no entries.
+// The Found it returns has the read's First and Highest, and no entries.
 func (j *Journal) Read(ctx context.Context, queue string, after int64, since time.Time, page func(Found) error) (Found, error) {
 	return readOne(ctx, j, queue, after, since, page)
 }
 
-// want is one queue's part of a read of several (readAll): its entries
-// above after go to page; found is what the read saw of the queue.
-type want struct {
+// queueRead is one queue's part of a read of the stream, which may read
+// several at once (readAll): its entries above after go to page; found
+// is what the read saw of the queue.
+type queueRead struct {
 	after int64
 	page  func(Found) error
 	found Found
@@ -50,20 +49,20 @@ type want struct {
 	taken seqs  // the sequences above after handed to page so far
 }
 
-// take notes e, an entry of w's queue the read came to, and keeps it for
+// take notes e, an entry of qr's queue the read came to, and keeps it for
 // the next page when it is above the mark and not a copy of one kept
 // before: a write tried again after it had reached the stream
 // unconfirmed (a lost confirm, an alarm) leaves its entries there twice.
 // A copy is known by its sequence alone: an entry's sequence is taken
 // once, by the transaction that commits it.
-func (w *want) take(e Entry) {
-	f := &w.found
+func (qr *queueRead) take(e Entry) {
+	f := &qr.found
 	if f.First == 0 {
 		f.First = e.Seq
 	}
-	f.Tail = max(f.Tail, e.Seq)
-	if e.Seq > w.after && !w.taken.has(e.Seq) {
-		w.taken.add(e.Seq)
+	f.Highest = max(f.Highest, e.Seq)
+	if e.Seq > qr.after && !qr.taken.has(e.Seq) {
+		qr.taken.add(e.Seq)
 		f.Entries = append(f.Entries, e)
 	}
 }
@@ -80,25 +79,25 @@ func (u *unreadable) Error() string {
 	return fmt.Sprintf("the message at offset %v, holding entries %d to %d, does not parse: %v", u.offset, u.first, u.last, u.err)
 }
 
-// unreadable notes a message of w's queue, holding entries first … last,
+// unreadable notes a message of qr's queue, holding entries first … last,
 // that does not parse. One above the mark ends the queue's read, once
 // the entries before it are handed over: it returns true then. One at or
 // below the mark, or a copy, needs no reading.
-func (w *want) unreadable(first, last int64, offset any, err error) bool {
-	f := &w.found
+func (qr *queueRead) unreadable(first, last int64, offset any, err error) bool {
+	f := &qr.found
 	if f.First == 0 {
 		f.First = first
 	}
-	if last <= w.after || (w.taken.has(first) && w.taken.has(last)) {
-		f.Tail = max(f.Tail, last)
+	if last <= qr.after || (qr.taken.has(first) && qr.taken.has(last)) {
+		f.Highest = max(f.Highest, last)
 		return false
 	}
 	// The entries before it go first, and the page judges, as for any
 	// entry, whether the read reached back to the mark.
-	w.err = w.page(*f)
+	qr.err = qr.page(*f)
 	f.Entries = nil
-	if w.err == nil {
-		w.err = &unreadable{first: first, last: last, offset: offset, err: err}
+	if qr.err == nil {
+		qr.err = &unreadable{first: first, last: last, offset: offset, err: err}
 	}
 	return true
 }
@@ -129,19 +128,19 @@ func (s *seqs) add(n int64) {
 
 // readOne reads one queue's entries from s (see Journal.Read).
 func readOne(ctx context.Context, s store, queue string, after int64, since time.Time, page func(Found) error) (Found, error) {
-	w := &want{after: after, page: page}
-	err := s.readAll(ctx, since, map[string]*want{queue: w})
+	qr := &queueRead{after: after, page: page}
+	err := s.readAll(ctx, since, map[string]*queueRead{queue: qr})
 	if err == nil {
-		err = w.err
+		err = qr.err
 	}
-	return w.found, err
+	return qr.found, err
 }
 
-// readAll is Read for every queue of wants in one pass over the stream:
-// each queue's entries go to its own page, in the stream's order; a
-// queue whose page failed is passed over from then on.
-func (j *Journal) readAll(ctx context.Context, since time.Time, wants map[string]*want) error {
-	begin(wants, since)
+// readAll is Read for several queues (reads, by queue) in one pass over
+// the stream: each queue's entries go to its own page, in the stream's
+// order; a queue whose page failed is passed over from then on.
+func (j *Journal) readAll(ctx context.Context, since time.Time, reads map[string]*queueRead) error {
+	begin(reads, since)
 	ch, ans, err := j.channel()
 	if err != nil {
 		return &unreadError{err}
@@ -181,7 +180,7 @@ func (j *Journal) readAll(ctx context.Context, since time.Time, wants map[string
 	if err != nil {
 		return &unreadError{fmt.Errorf("journal %s: read: %w", j.cfg.Stream, err)}
 	}
-	open := len(wants) // queues whose page has not failed
+	open := len(reads) // queues whose page has not failed
 	for n := 0; open > 0; n++ {
 		var d amqp.Delivery
 		var ok bool
@@ -196,13 +195,13 @@ func (j *Journal) readAll(ctx context.Context, since time.Time, wants map[string
 		_ = d.Ack(true)
 		read += len(d.Body)
 		if n == 0 {
-			headAt(wants, d.Timestamp)
+			headAt(reads, d.Timestamp)
 		}
 		if fid, _ := d.Headers[hFence].(string); fid == id {
-			fenced(wants)
+			fenced(reads)
 			return nil
 		}
-		ended, err := takeDelivery(wants, d.Headers, d.Body)
+		ended, err := takeDelivery(reads, d.Headers, d.Body)
 		if err != nil {
 			return fmt.Errorf("journal %s: %w", j.cfg.Stream, err)
 		}
@@ -211,17 +210,17 @@ func (j *Journal) readAll(ctx context.Context, since time.Time, wants map[string
 	return nil
 }
 
-// takeDelivery hands a journal message's entries to the wants of their
+// takeDelivery hands a journal message's entries to the reads of their
 // queues: a message of one queue (hQueue), or of several (hQueues). It
 // returns how many of those queues' reads it ended (their page failed, or
 // their message does not parse), and an error when a message does not
 // parse and does not say which entries it holds. An entry that does not
 // decode in a message that parses is handed over as such (decode).
-func takeDelivery(wants map[string]*want, headers amqp.Table, body []byte) (ended int, err error) {
+func takeDelivery(reads map[string]*queueRead, headers amqp.Table, body []byte) (ended int, err error) {
 	offset := headers["x-stream-offset"]
 	take := func(q string, entries json.RawMessage, r amqp.Table, decodeErr error) error {
-		w := wants[q]
-		if w == nil || w.err != nil {
+		qr := reads[q]
+		if qr == nil || qr.err != nil {
 			return nil
 		}
 		var es []Entry
@@ -234,16 +233,16 @@ func takeDelivery(wants map[string]*want, headers amqp.Table, body []byte) (ende
 			if !ok1 || !ok2 || last < first {
 				return fmt.Errorf("a message of %s at offset %v: %w", q, offset, decodeErr)
 			}
-			if w.unreadable(first, last, offset, decodeErr) {
+			if qr.unreadable(first, last, offset, decodeErr) {
 				ended++
 			}
 			return nil
 		}
 		for _, e := range es {
-			w.take(e)
+			qr.take(e)
 		}
-		if f := &w.found; len(f.Entries) >= pageSize {
-			if w.err = w.page(*f); w.err != nil {
+		if f := &qr.found; len(f.Entries) >= pageSize {
+			if qr.err = qr.page(*f); qr.err != nil {
 				ended++
 			}
 			f.Entries = nil
@@ -290,65 +289,3 @@ const (
 	pageSize     = 1000
 	readPrefetch = 100
 )
-
-// decode decodes a journal message's entries of queue, each event with
-// the message it was first delivered in. It fails only when the body does
-// not parse as a journal message's entries: an entry whose event (or
-// headers) no longer decodes is handed over as such (entry), and its
-// neighbours with it.
-func decode(queue string, body []byte) ([]Entry, error) {
-	var wire []wireEntry
-	if err := json.Unmarshal(body, &wire); err != nil {
-		return nil, err
-	}
-	out := make([]Entry, len(wire))
-	for i, w := range wire {
-		out[i] = w.entry(queue)
-	}
-	return out, nil
-}
-
-// entry is w, an entry of queue, as it was journaled. An entry whose event
-// was applied and acked once, and no longer decodes (a later release that
-// validates more, a body that no longer validates), or whose headers do
-// not, comes back dead, with its letter (undecodable): a restore parks
-// the letter with the move of the mark past it, and applies its
-// neighbours. A dead entry without a letter is never applied again, so its
-// event need not decode.
-func (w wireEntry) entry(queue string) Entry {
-	if lt := w.Letter; lt != nil {
-		letter := &event.OutboxLetter{EventID: lt.EventID, EventType: lt.EventType, Class: lt.Class, Reason: lt.Reason,
-			RoutingKey: w.RoutingKey, MessageID: w.MessageID, ContentType: w.ContentType, Body: lt.Body,
-			Headers: w.Headers, Queue: queue}
-		return Entry{Queue: queue, Seq: w.Seq, Dead: true, Letter: letter, Event: event.Event{ID: lt.EventID, Type: lt.EventType}}
-	}
-	ev, err := event.Decode(w.Body, w.MessageID, w.Type)
-	var headers amqp.Table
-	if err == nil && len(w.Headers) > 0 {
-		if herr := json.Unmarshal(w.Headers, &headers); herr != nil {
-			err = event.Poison(fmt.Errorf("its headers are not a table: %w", herr))
-		}
-	}
-	switch {
-	case err != nil && w.Dead:
-		return Entry{Queue: queue, Seq: w.Seq, Event: ev, Dead: true}
-	case err != nil:
-		return w.undecodable(queue, ev, err)
-	}
-	ev.Message = event.Message{RoutingKey: w.RoutingKey, Body: w.Body, Headers: headers, MessageID: w.MessageID, ContentType: w.ContentType}
-	return Entry{Queue: queue, Seq: w.Seq, Event: ev, Dead: w.Dead}
-}
-
-// undecodable is w, an entry of queue whose event, applied and acked
-// once, no longer decodes (err; ev is what could be read of it), as a dead
-// entry with its letter: the entry's message as journaled, its class
-// err's, and a reason that says so.
-func (w wireEntry) undecodable(queue string, ev event.Event, err error) Entry {
-	id, typ := cmp.Or(ev.ID, w.MessageID), cmp.Or(ev.Type, w.Type)
-	letter := &event.OutboxLetter{EventID: id, EventType: typ, Class: string(event.ClassOf(context.Background(), err)),
-		Reason: fmt.Sprintf("applied and acked once, then no longer decodes when applied again from the journal (entry %d of %s): %v",
-			w.Seq, queue, err),
-		RoutingKey: w.RoutingKey, MessageID: w.MessageID, ContentType: w.ContentType, Body: w.Body, Headers: w.Headers,
-		Queue: queue, At: time.Now()}
-	return Entry{Queue: queue, Seq: w.Seq, Dead: true, Letter: letter, Undecodable: err, Event: event.Event{ID: id, Type: typ}}
-}

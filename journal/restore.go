@@ -134,12 +134,12 @@ func (l *Lane) startRestore(ctx context.Context) (*restoring, error) {
 		return nil, l.unrestorable
 	}
 	l.unrestorable = nil
-	return &restoring{ctx: ctx, l: l, mark: mark, at: at, prev: mark, began: began}, nil
+	return &restoring{ctx: ctx, l: l, mark: mark, at: at, held: mark, began: began}, nil
 }
 
 // end ends a restore on what the read found (found) and how it ended
-// (err): the mark moves to the journal's tail of the queue, and the lane
-// is synced.
+// (err): the mark moves to the highest sequence the read found of the
+// queue, and the lane is synced.
 func (r *restoring) end(found Found, err error) (int, error) {
 	l := r.l
 	if err == nil && !r.started {
@@ -152,18 +152,18 @@ func (r *restoring) end(found Found, err error) (int, error) {
 	if err != nil {
 		return r.applied, r.goOnVouched(err)
 	}
-	if found.Tail > r.prev {
-		if _, r.prev, err = l.applyMarked(r.ctx, nil, r.prev, found.Tail); err != nil {
+	if found.Highest > r.held {
+		if _, r.held, err = l.applyMarked(r.ctx, nil, r.held, found.Highest); err != nil {
 			return r.applied, err
 		}
 	}
-	l.prev, l.synced, l.checked = r.prev, true, false
+	l.prev, l.synced, l.checkedUnsynced = r.held, true, false
 	if r.applied > 0 {
 		l.log.Warn("journal: applied again the entries the database had lost", "queue", l.queue, "entries", r.applied,
-			"from_seq", r.mark+1, "to_seq", r.prev)
+			"from_seq", r.mark+1, "to_seq", r.held)
 	}
 	if v, ok := l.inner.(Voucher); ok {
-		if err := v.Vouch(r.ctx, l.queue, r.prev, r.began); err != nil {
+		if err := v.Vouch(r.ctx, l.queue, r.held, r.began); err != nil {
 			l.log.Warn("journal: could not record that the database holds the queue's journal; its next transaction reads the journal again, "+
 				"and a start during an alarm will wait for the journal",
 				"queue", l.queue, "err", err)
@@ -181,20 +181,20 @@ func (r *restoring) end(found Found, err error) (int, error) {
 // mark.
 func (r *restoring) unreadable(u *unreadable) error {
 	l := r.l
-	if u.last <= r.prev {
+	if u.last <= r.held {
 		// Another reader's restore moved the mark past it meanwhile: the
 		// database holds its entries; read again from there.
 		return fmt.Errorf("journal: queue %s: %w: another reader's restore moved the mark to %d, past the message at offset %v "+
-			"(entries %d to %d), which does not parse", l.queue, event.ErrJournalGap, r.prev, u.offset, u.first, u.last)
+			"(entries %d to %d), which does not parse", l.queue, event.ErrJournalGap, r.held, u.offset, u.first, u.last)
 	}
 	_, at, err := l.inner.Marked(r.ctx, l.queue)
 	if err != nil {
 		return err
 	}
-	l.unrestorable = &ShortError{Queue: l.queue, Mark: r.prev, First: u.last + 1, Since: at, Unreadable: u.err, Offset: u.offset,
+	l.unrestorable = &ShortError{Queue: l.queue, Mark: r.held, First: u.last + 1, Since: at, Unreadable: u.err, Offset: u.offset,
 		Holds: [2]int64{u.first, u.last}}
 	l.log.Error("journal: a message of the queue does not parse; the queue waits until recover --accept-loss",
-		"queue", l.queue, "from_seq", r.prev+1, "to_seq", u.last, "offset", u.offset, "message_from_seq", u.first,
+		"queue", l.queue, "from_seq", r.held+1, "to_seq", u.last, "offset", u.offset, "message_from_seq", u.first,
 		"message_to_seq", u.last, "err", u.err)
 	return l.unrestorable
 }
@@ -235,7 +235,7 @@ type restoring struct {
 	mark     int64     // the database's, when the restore began
 	at       time.Time // when it moved
 	began    time.Time // before its read's fence: what the vouch raises the mark's time to
-	prev     int64     // the mark the database holds now
+	held     int64     // the mark the database holds now: mark, moved on by the restore (or another reader's)
 	started  bool      // the first page was judged
 	applied  int
 	reported int // applied, as last logged
@@ -268,7 +268,7 @@ func (r *restoring) page(f Found) error {
 		r.started = true
 	}
 	for run := f.Entries; len(run) > 0; {
-		if run[0].Seq <= r.prev {
+		if run[0].Seq <= r.held {
 			// Another reader's restore moved the mark past it: that
 			// reader applied it, or parked its letter.
 			run = run[1:]
@@ -287,7 +287,7 @@ func (r *restoring) page(f Found) error {
 	}
 	if r.applied >= r.reported+progressEvery {
 		r.l.log.Info("journal: applying again the entries the database lost", "queue", r.l.queue,
-			"entries", r.applied, "to_seq", r.prev)
+			"entries", r.applied, "to_seq", r.held)
 		r.reported = r.applied
 	}
 	return nil
@@ -312,7 +312,7 @@ func (r *restoring) apply(entries []Entry) error {
 		// Or an entry that no longer decodes: applied and acked once, it
 		// ends as a dead letter with its reason, and its neighbours are
 		// applied.
-		held, err := l.parkMarked(ctx, *e.Letter, r.prev, max(r.prev, e.Seq))
+		held, err := l.parkMarked(ctx, *e.Letter, r.held, max(r.held, e.Seq))
 		if err != nil {
 			return fmt.Errorf("journal: dead-letter entry %d of %s: %w", e.Seq, l.queue, err)
 		}
@@ -320,10 +320,10 @@ func (r *restoring) apply(entries []Entry) error {
 			l.log.Error("journal: an entry the service had applied and acked no longer decodes when applied again; it goes to the dead-letter queue",
 				"queue", l.queue, "seq", e.Seq, "event_id", e.Event.ID, "err", e.Undecodable)
 		}
-		r.prev = held
+		r.held = held
 		return nil
 	}
-	last := r.prev
+	last := r.held
 	var evs []event.Event
 	for _, e := range entries {
 		last = max(last, e.Seq)
@@ -331,7 +331,7 @@ func (r *restoring) apply(entries []Entry) error {
 			evs = append(evs, e.Event)
 		}
 	}
-	outs, held, err := l.applyMarked(ctx, evs, r.prev, last)
+	outs, held, err := l.applyMarked(ctx, evs, r.held, last)
 	if err != nil && len(entries) > 1 && event.CausedByMessage(event.ClassOf(ctx, err)) {
 		for i := range entries {
 			if err := r.apply(entries[i : i+1]); err != nil {
@@ -348,7 +348,7 @@ func (r *restoring) apply(entries []Entry) error {
 		// refuses it now, it ends as a dead letter with its reason, the
 		// letter written with the move of the mark past it.
 		refused = err
-		if held, err = l.parkMarked(ctx, l.letter(ctx, entries[0], refused), r.prev, last); err != nil {
+		if held, err = l.parkMarked(ctx, l.letter(ctx, entries[0], refused), r.held, last); err != nil {
 			return fmt.Errorf("journal: dead-letter entry %d of %s, refused when applied again (%v): %w", entries[0].Seq, l.queue, refused, err)
 		}
 	default:
@@ -364,7 +364,7 @@ func (r *restoring) apply(entries []Entry) error {
 		l.refused(entries[0], refused)
 		n = len(evs)
 	}
-	r.prev = held
+	r.held = held
 	r.applied += n
 	if n > 0 && l.reports.Restored != nil {
 		l.reports.Restored(l.queue, n)

@@ -41,46 +41,46 @@ func (s streamStore) write(ctx context.Context, queue string, msgs []event.Spill
 	return s.s.Write(ctx, queue, msgs)
 }
 
-func (s streamStore) readAll(ctx context.Context, since time.Time, wants map[string]*want) error {
-	begin(wants, since)
-	open, n := len(wants), 0
+func (s streamStore) readAll(ctx context.Context, since time.Time, reads map[string]*queueRead) error {
+	begin(reads, since)
+	open, n := len(reads), 0
 	err := s.s.Scan(ctx, since, func(queue string, m event.Spilled, at time.Time) (bool, error) {
 		if n++; n == 1 {
-			headAt(wants, at)
+			headAt(reads, at)
 		}
 		p := publishing(queue, m, at)
-		ended, err := takeDelivery(wants, p.Headers, p.Body)
+		ended, err := takeDelivery(reads, p.Headers, p.Body)
 		open -= ended
 		return open <= 0, err
 	})
 	if err != nil {
 		return err
 	}
-	fenced(wants)
+	fenced(reads)
 	return nil
 }
 
-// begin starts a read of wants from since.
-func begin(wants map[string]*want, since time.Time) {
-	for _, w := range wants {
-		w.found = Found{Tail: w.after, FromStart: since.IsZero()}
+// begin starts the read of each queue of reads from since.
+func begin(reads map[string]*queueRead, since time.Time) {
+	for _, qr := range reads {
+		qr.found = Found{Highest: qr.after, FromStart: since.IsZero()}
 	}
 }
 
 // headAt notes when the read's first message was written.
-func headAt(wants map[string]*want, at time.Time) {
-	for _, w := range wants {
-		w.found.Head = at
+func headAt(reads map[string]*queueRead, at time.Time) {
+	for _, qr := range reads {
+		qr.found.Head = at
 	}
 }
 
 // fenced ends a read that came to its fence: each queue's last entries
 // go to its page.
-func fenced(wants map[string]*want) {
-	for _, w := range wants {
-		if w.err == nil && len(w.found.Entries) > 0 {
-			w.err = w.page(w.found)
+func fenced(reads map[string]*queueRead) {
+	for _, qr := range reads {
+		if qr.err == nil && len(qr.found.Entries) > 0 {
+			qr.err = qr.page(qr.found)
 		}
-		w.found.Entries = nil
+		qr.found.Entries = nil
 	}
 }

@@ -55,7 +55,7 @@ func (r *restoring) goOnVouched(err error) error {
 	l := r.l
 	var unread *unreadError
 	v, ok := l.inner.(Voucher)
-	if !errors.As(err, &unread) || !ok || r.started || r.prev != r.mark {
+	if !errors.As(err, &unread) || !ok || r.started || r.held != r.mark {
 		return err
 	}
 	mark, why, verr := v.Vouched(r.ctx, l.queue)
@@ -67,7 +67,7 @@ func (r *restoring) goOnVouched(err error) error {
 	case mark != r.mark:
 		return &unvouchedError{fmt.Errorf("%w; and the mark moved meanwhile (another reader of the queue), so the queue waits for the journal", err)}
 	}
-	l.prev, l.synced, l.checked = mark, true, false
+	l.prev, l.synced, l.checkedUnsynced = mark, true, false
 	l.log.Warn("journal: the journal cannot be read now, but the database has lost no commit of the queue since a read of the journal "+
 		"last synced it (the same run of the server, the mark's row as that read or a move from it wrote it), so the queue goes on "+
 		"from its mark without reading it",
