@@ -30,13 +30,7 @@ func TestAShutdownSendsNoCancelRequest(t *testing.T) {
 	q := u.Query()
 	q.Set("sslmode", "disable") // the dialer reads the cancel requests in the clear
 	u.RawQuery = q.Encode()
-	d := &countingDialer{}
-	database, err := OpenFrom(context.Background(), func() (string, error) { return u.String(), nil }, 4,
-		func(c *connector) { c.dial = d })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer database.Close()
+	database, d := openCounted(t, u.String(), 4)
 	ctx, shutdown := context.WithCancel(context.Background())
 	defer shutdown()
 	l := NewInbox(database).Lane(time.Minute).(*lane)

@@ -15,6 +15,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/lib/pq"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -126,6 +127,21 @@ func goroutinesCreated() uint64 {
 // per message batch the client sends before it waits for an answer. It
 // also counts the connections opened to send a CancelRequest, lib/pq's way
 // to cancel a statement that runs on another connection.
+// openCounted opens the database at url, at most maxConns connections,
+// through a countingDialer that counts what they write; the database
+// closes when the test ends.
+func openCounted(t *testing.T, url string, maxConns int) (*sqlx.DB, *countingDialer) {
+	t.Helper()
+	d := &countingDialer{}
+	database, err := OpenFrom(context.Background(), func() (string, error) { return url, nil }, maxConns,
+		func(c *connector) { c.dial = d })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { database.Close() })
+	return database, d
+}
+
 type countingDialer struct{ writes, cancels atomic.Int64 }
 
 func (d *countingDialer) Dial(network, address string) (net.Conn, error) {
@@ -170,13 +186,7 @@ func isCancelRequest(b []byte) bool {
 // counted, a transition with all its message's fields included.
 func TestAnAttemptIsOneRoundTrip(t *testing.T) {
 	url := testDBURL(t)
-	d := &countingDialer{}
-	database, err := OpenFrom(context.Background(), func() (string, error) { return url, nil }, 4,
-		func(c *connector) { c.dial = d })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer database.Close()
+	database, d := openCounted(t, url, 4)
 	// A worker's context, which can end: under it, lib/pq and database/sql
 	// would start a goroutine per statement to watch it, if the lane gave
 	// it to them.
@@ -309,13 +319,7 @@ func TestLaneKeepsAStricterStatementTimeout(t *testing.T) {
 // statement_timeout is read once per physical connection, not per pin.
 func TestALaneThatReturnsItsConnectionAsksOnce(t *testing.T) {
 	url := testDBURL(t)
-	d := &countingDialer{}
-	database, err := OpenFrom(context.Background(), func() (string, error) { return url, nil }, 1,
-		func(c *connector) { c.dial = d })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer database.Close()
+	database, d := openCounted(t, url, 1)
 	l := NewInbox(database).Lane(10 * time.Second).(*lane)
 	defer l.Close()
 	ctx := context.Background()

@@ -1,7 +1,6 @@
 package db
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -15,13 +14,7 @@ import (
 // a queue never marked answers 0.
 func TestMarkedIsOneRoundTrip(t *testing.T) {
 	url := testDBURL(t)
-	d := &countingDialer{}
-	database, err := OpenFrom(context.Background(), func() (string, error) { return url, nil }, 4,
-		func(c *connector) { c.dial = d })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer database.Close()
+	database, d := openCounted(t, url, 4)
 	ctx := t.Context()
 	l := NewInbox(database).Lane(0).(*lane)
 	defer l.Close()

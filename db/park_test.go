@@ -29,13 +29,7 @@ func TestParkKeepsAHeaderWithANUL(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("park: %v", err)
 	}
-	var got []event.OutboxLetter
-	if _, err := in.DrainOutbox(ctx, func(l event.OutboxLetter) error {
-		got = append(got, l)
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	got := drainAll(t, in)
 	if len(got) != 1 || !bytes.Equal(got[0].Headers, headers) || got[0].RoutingKey != "acc_a" || !bytes.Equal(got[0].Body, []byte("\x00")) {
 		t.Errorf("drained %+v, want the parked letter with headers %s", got, headers)
 	}
@@ -102,13 +96,7 @@ func TestParkedLetterWaitsForItsAbandonedPublish(t *testing.T) {
 // letter, quotes and backslashes included, is read back as written.
 func TestParkIsOneRoundTrip(t *testing.T) {
 	url := testDBURL(t)
-	d := &countingDialer{}
-	database, err := OpenFrom(context.Background(), func() (string, error) { return url, nil }, 4,
-		func(c *connector) { c.dial = d })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer database.Close()
+	database, d := openCounted(t, url, 4)
 	ctx := t.Context()
 	in := NewInbox(database)
 	letter := event.OutboxLetter{EventID: newID(), EventType: "TransferCreated", Class: "poison", Reason: `it's not JSON: \x`,
@@ -120,20 +108,14 @@ func TestParkIsOneRoundTrip(t *testing.T) {
 	}
 
 	before := d.writes.Load()
-	err = in.Park(ctx, letter)
+	err := in.Park(ctx, letter)
 	if n := d.writes.Load() - before; n != 1 {
 		t.Errorf("parking a letter took %d writes, want one", n)
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got []event.OutboxLetter
-	if _, err := in.DrainOutbox(ctx, func(l event.OutboxLetter) error {
-		got = append(got, l)
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	got := drainAll(t, in)
 	if len(got) != 2 {
 		t.Fatalf("drained %d letters, want 2", len(got))
 	}
@@ -153,4 +135,17 @@ func TestParkIsOneRoundTrip(t *testing.T) {
 func sameJSON(a, b []byte) bool {
 	var x, y any
 	return json.Unmarshal(a, &x) == nil && json.Unmarshal(b, &y) == nil && reflect.DeepEqual(x, y)
+}
+
+// drainAll drains in's outbox and returns the letters it held, in order.
+func drainAll(t *testing.T, in *Inbox) []event.OutboxLetter {
+	t.Helper()
+	var got []event.OutboxLetter
+	if _, err := in.DrainOutbox(t.Context(), func(l event.OutboxLetter) error {
+		got = append(got, l)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return got
 }
