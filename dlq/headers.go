@@ -41,7 +41,8 @@ type Failure struct {
 }
 
 // Copy returns the publishing that dead-letters d: its body, properties and
-// routing key unchanged, its headers plus the failure headers. The broker's
+// routing key unchanged, its headers plus the failure headers, its group
+// (HeaderGroup) among them, fingerprinted from the reason as written. The broker's
 // own x-delivery-count is kept as x-original-delivery-count, since the DLQ
 // counts its own deliveries under the original name. The user_id property
 // is dropped (the broker would refuse it from the service's user): the
@@ -60,6 +61,7 @@ func Copy(d amqp.Delivery, f Failure) amqp.Publishing {
 	}
 	headers[HeaderClass] = f.Class
 	headers[HeaderReason] = reason
+	headers[HeaderGroup] = Fingerprint(f.Class, reason)
 	headers[HeaderFailedAt] = f.At.UTC().Format(time.RFC3339Nano)
 	headers[HeaderFailedBy] = f.Instance
 	headers[HeaderOriginalQueue] = f.Queue

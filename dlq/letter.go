@@ -11,9 +11,13 @@ import (
 
 // Letter is one dead letter as a person triaging the DLQ needs to see it.
 type Letter struct {
-	EventID    string
-	Class      string // x-failure-class, or the broker's reason (delivery_limit, rejected, …)
-	Reason     string
+	EventID string
+	Class   string // x-failure-class, or the broker's reason (delivery_limit, rejected, …)
+	Reason  string
+	// Group is the failure's fingerprint: its x-failure-group, else (a
+	// letter dead-lettered by the broker, or by a release before the
+	// header) Fingerprint of its class and reason, computed the same way.
+	Group      string
 	Queue      string // where it failed
 	RoutingKey string // the original routing key, which replay uses
 	FailedAt   time.Time
@@ -31,6 +35,7 @@ type Letter struct {
 // (delivery limit reached, or a reject without requeue).
 func Describe(d amqp.Delivery) Letter {
 	l := describe(d)
+	l.Group = group(d.Headers, l)
 	l.DeadSince = deadSince(d.Headers)
 	return l
 }
@@ -75,6 +80,18 @@ func describe(d amqp.Delivery) Letter {
 	}
 	l.Class, l.Reason = "unknown", "no failure headers"
 	return l
+}
+
+// group returns the fingerprint a letter carries, when the service
+// dead-lettered it (its class header is there), else the one computed
+// from its class and reason.
+func group(headers amqp.Table, l Letter) string {
+	if _, ours := headers[HeaderClass].(string); ours {
+		if g, ok := headers[HeaderGroup].(string); ok && g != "" {
+			return g
+		}
+	}
+	return Fingerprint(l.Class, l.Reason)
 }
 
 // deadSince returns the earliest of the times headers show a dead letter
