@@ -17,15 +17,20 @@ import (
 )
 
 const dlqUsage = `Usage:
-  transferconsumer dlq list [-n N] [--wait D]
-  transferconsumer dlq replay [--class C] [--reason TEXT] [--event-id ID] [--limit N] [--dry-run]
+  transferconsumer dlq list [-n N] [--wait D] [--group G]
+  transferconsumer dlq replay [--class C] [--reason TEXT] [--event-id ID] [--group G] [--limit N] [--dry-run]
                               [--include-older-than-ttl]
-  transferconsumer dlq drop --record FILE [--class C] [--reason TEXT] [--event-id ID] [--limit N]
+  transferconsumer dlq drop --record FILE [--class C] [--reason TEXT] [--event-id ID] [--group G] [--limit N]
                             [--yes] [--dry-run]
   transferconsumer dlq help
 
-list shows how many dead letters there are by class and reason, and the first
-N. replay publishes the matching ones back to the exchange with their original
+list shows the dead letters by group, and the first N. A group is one failure:
+its fingerprint (header x-failure-group) is taken from the class and the reason
+with the variable parts (ids, amounts, times, quoted values) left out, so the
+letters of one failure that name their own ids are one group. For each group
+list shows its fingerprint, count, class, first and last failure, the queues
+its letters failed on, how many were replayed before, and a sample reason.
+--group G, on list, replay and drop, takes only the letters of group G. replay publishes the matching ones back to the exchange with their original
 routing key, each removed from the DLQ only after the broker confirmed it.
 Replaying an event that was already applied changes nothing, within the inbox
 retention (INBOX_TTL): letters that failed longer ago, and letters that show
@@ -103,10 +108,12 @@ func parseDLQ(args []string, help io.Writer) (dlqArgs, error) {
 		fmt.Fprint(help, dlqUsage)
 		return a, flag.ErrHelp
 	case "list":
+		fset.StringVar(&a.filter.Group, "group", "", "only the letters of this group (its fingerprint, as list shows it)")
 		fset.IntVar(&a.first, "n", 20, "how many dead letters to show")
 		fset.DurationVar(&a.wait, "wait", 30*time.Second,
 			"with MANAGEMENT_URL: how long to read again while another reader holds letters, before answering with what it saw")
 	case "replay", "drop":
+		fset.StringVar(&a.filter.Group, "group", "", "only the letters of this group (its fingerprint, as list shows it)")
 		fset.StringVar(&a.filter.Class, "class", "", "only this failure class (see Classes above)")
 		fset.StringVar(&a.filter.Reason, "reason", "", "only letters whose reason contains this text")
 		fset.StringVar(&a.filter.EventID, "event-id", "", "only this event")
@@ -148,6 +155,9 @@ func parseDLQ(args []string, help io.Writer) (dlqArgs, error) {
 	case a.filter.Class != "" && !slices.Contains(dlq.Classes(), a.filter.Class):
 		return a, fmt.Errorf("dlq %s: --class %q is not a class; the classes are %s",
 			a.cmd, a.filter.Class, strings.Join(dlq.Classes(), ", "))
+	case a.filter.Group != "" && !dlq.IsFingerprint(a.filter.Group):
+		return a, usageErr(fmt.Sprintf("dlq %s: --group %q is not a group's fingerprint (12 hex digits, as dlq list shows it)",
+			a.cmd, a.filter.Group))
 	case a.cmd == "drop" && !a.dryRun && a.record == "":
 		return a, usageErr("dlq drop: --record FILE is required: each letter is written there before it is removed " +
 			"(--record - writes to stdout; --dry-run needs none)")
@@ -171,13 +181,13 @@ func dlqCommand(cfg config.Config, a dlqArgs, stdin io.Reader, stdout, stderr io
 	}
 	if a.cmd == "list" {
 		s, seen, err := readWholeDLQ(cfg, a.wait, func() (dlq.Summary, int, error) {
-			s, err := dlq.List(conn, cfg.Prefix, a.first)
+			s, err := dlq.ListMatching(conn, cfg.Prefix, a.first, a.filter)
 			return s, s.Total, err
 		})
 		if err != nil {
 			return noDLQ(cfg, err)
 		}
-		printSummary(stdout, dlq.Queue(cfg.Prefix), s)
+		printSummary(stdout, dlq.Queue(cfg.Prefix), s, a.filter)
 		seen.printUnseen(stdout)
 		return nil
 	}
@@ -228,33 +238,18 @@ func noDLQ(cfg config.Config, err error) error {
 		"or declare the topology with transferconsumer topology", dlq.Queue(cfg.Prefix), ae.Reason, cfg.Prefix)
 }
 
-func printSummary(w io.Writer, queue string, s dlq.Summary) {
-	fmt.Fprintf(w, "%s: %d dead letter(s)\n", queue, s.Total)
-	if s.Total == 0 {
-		return
-	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "\nCOUNT\tCLASS\tREASON")
-	for _, g := range s.Groups {
-		fmt.Fprintf(tw, "%d\t%s\t%s\n", g.Count, g.Class, oneLine(g.Reason, 100))
-	}
-	tw.Flush()
-	fmt.Fprintf(w, "\nFirst %d:\n", len(s.Letters))
-	printLetters(w, s.Letters)
-}
-
 func printLetters(w io.Writer, letters []dlq.Letter) {
 	if len(letters) == 0 {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "EVENT ID\tCLASS\tQUEUE\tROUTING KEY\tFAILED AT\tREASON")
+	fmt.Fprintln(tw, "EVENT ID\tGROUP\tCLASS\tQUEUE\tROUTING KEY\tFAILED AT\tREASON")
 	for _, l := range letters {
 		at := ""
 		if !l.FailedAt.IsZero() {
 			at = l.FailedAt.UTC().Format(time.RFC3339)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", orDash(l.EventID), l.Class, orDash(l.Queue),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", orDash(l.EventID), l.Group, l.Class, orDash(l.Queue),
 			orDash(l.RoutingKey), orDash(at), oneLine(l.Reason, 80))
 	}
 	tw.Flush()

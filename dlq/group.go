@@ -61,3 +61,17 @@ func Fingerprint(class, reason string) string {
 	sum := sha256.Sum256([]byte(class + "\x00" + Template(reason)))
 	return hex.EncodeToString(sum[:6])
 }
+
+// IsFingerprint reports whether s has the form of a fingerprint: 12
+// lower-case hex digits.
+func IsFingerprint(s string) bool {
+	if len(s) != 12 {
+		return false
+	}
+	for _, c := range s {
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}

@@ -138,3 +138,31 @@ func TestLettersCarryTheirGroup(t *testing.T) {
 		t.Errorf("replayHeaders kept %s", HeaderGroup)
 	}
 }
+
+// Letters of one group count as one, with their first and last failure,
+// their queues and how many were replayed before; --group selects one.
+func TestGrouperGathersAGroup(t *testing.T) {
+	at := time.Date(2026, 7, 10, 12, 0, 0, 0, time.UTC)
+	var g grouper
+	letters := []Letter{
+		{Group: "a", Class: "poison", Reason: "first", Queue: "transfers.1", FailedAt: at.Add(time.Minute)},
+		{Group: "b", Class: "panic", Reason: "other", Queue: "transfers.0", FailedAt: at},
+		{Group: "a", Class: "poison", Reason: "second", Queue: "transfers.0", FailedAt: at, Replays: 2},
+		{Group: "a", Class: "poison", Reason: "third", Queue: "transfers.1", FailedAt: at.Add(time.Hour)},
+	}
+	for _, l := range letters {
+		g.add(l)
+	}
+	got := g.groups()
+	if len(got) != 2 {
+		t.Fatalf("groups %+v, want 2", got)
+	}
+	a := got[0]
+	if a.Fingerprint != "a" || a.Count != 3 || a.Reason != "first" || !a.First.Equal(at) || !a.Last.Equal(at.Add(time.Hour)) ||
+		strings.Join(a.Queues, ",") != "transfers.0,transfers.1" || a.Replayed != 1 {
+		t.Errorf("group a = %+v", a)
+	}
+	if f := (Filter{Group: "a"}); !f.Match(letters[0]) || f.Match(letters[1]) {
+		t.Error("Filter{Group: a} does not select group a alone")
+	}
+}

@@ -7,59 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
-
-// Group counts the dead letters of one class and reason.
-type Group struct {
-	Class, Reason string
-	Count         int
-}
-
-// Summary is what List found in the dead-letter queue.
-type Summary struct {
-	Total   int
-	Groups  []Group  // largest first
-	Letters []Letter // the first ones, in queue order
-}
-
-// List reads the dead letters of the topology with prefix without removing
-// any: as many as the DLQ held when it started (letters that arrive while it
-// reads wait for the next look), holding them unacknowledged while it reads
-// and then returning them all. The DLQ has no delivery limit, so returning
-// them never drops one (on 3.x they go back to the tail, so the order
-// rotates). It keeps the first `first` letters in the summary.
-func List(conn *amqp.Connection, prefix string, first int) (Summary, error) {
-	var s Summary
-	ch, err := conn.Channel()
-	if err != nil {
-		return s, fmt.Errorf("open channel: %w", err)
-	}
-	defer ch.Close() // returns anything still held, should scan fail
-	counts := map[[2]string]int{}
-	_, _, err = scan(ch, Queue(prefix), func(_ amqp.Delivery, l Letter) (bool, bool, error) {
-		s.Total++
-		counts[[2]string{l.Class, l.Reason}]++
-		if len(s.Letters) < first {
-			s.Letters = append(s.Letters, l)
-		}
-		return true, false, nil
-	})
-	for k, n := range counts {
-		s.Groups = append(s.Groups, Group{Class: k[0], Reason: k[1], Count: n})
-	}
-	sort.Slice(s.Groups, func(i, j int) bool {
-		if s.Groups[i].Count != s.Groups[j].Count {
-			return s.Groups[i].Count > s.Groups[j].Count
-		}
-		return s.Groups[i].Class+s.Groups[i].Reason < s.Groups[j].Class+s.Groups[j].Reason
-	})
-	return s, err
-}
 
 // ReplayReport says what Replay did.
 type ReplayReport struct {

@@ -1,0 +1,76 @@
+package cli
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"transferconsumer/dlq"
+)
+
+// list, replay and drop take --group, and refuse what is not a fingerprint.
+func TestDLQParsesGroup(t *testing.T) {
+	const g = "83461e1a2ae5"
+	for _, args := range [][]string{
+		{"list", "--group", g},
+		{"replay", "--group", g},
+		{"drop", "--group", g, "--dry-run"},
+	} {
+		a, err := parseDLQ(args, nil)
+		if err != nil || a.filter.Group != g {
+			t.Errorf("%v: %+v, %v; want group %s", args, a, err, g)
+		}
+	}
+	for _, bad := range []string{"83461E1A2AE5", "83461e1a2ae", "poison", "83461e1a2ae5x"} {
+		_, err := parseDLQ([]string{"replay", "--group", bad}, nil)
+		if err == nil || !strings.Contains(err.Error(), "is not a group's fingerprint") {
+			t.Errorf("--group %q: %v; want a refusal", bad, err)
+		}
+	}
+}
+
+// list prints one line per group: fingerprint, count, class, first and last
+// failure, queues, letters replayed before, a sample reason.
+func TestDLQListPrintsGroups(t *testing.T) {
+	at := time.Date(2026, 7, 10, 12, 0, 0, 0, time.UTC)
+	s := dlq.Summary{Total: 5, Matched: 5, Groups: []dlq.Group{
+		{Fingerprint: "5419d742573a", Class: "invalid-transition", Count: 3, First: at, Last: at.Add(time.Hour),
+			Queues: []string{"transfers.0", "transfers.1", "transfers.2", "transfers.3"}, Replayed: 2,
+			Reason: "TransferCompleted for transfer 0c8a4c0e-2d37-4c61-8f0e-1e5d2b7a9e33, which is already failed"},
+		{Fingerprint: "83461e1a2ae5", Class: "poison", Count: 2, Queues: []string{"transfers.1"},
+			Reason: "data.amountMinor 0 is not positive"},
+	}}
+	var out bytes.Buffer
+	printSummary(&out, "transfers.dlq", s, dlq.Filter{})
+	got := out.String()
+	for _, want := range []string{
+		"transfers.dlq: 5 dead letter(s), 2 group(s)\n",
+		"GROUP", "COUNT", "CLASS", "FIRST FAILED", "LAST FAILED", "QUEUES", "REPLAYED BEFORE", "SAMPLE REASON",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("list does not say %q:\n%s", want, got)
+		}
+	}
+	lines := strings.Split(got, "\n")
+	var rows []string
+	for _, l := range lines {
+		if strings.HasPrefix(l, "5419d742573a") || strings.HasPrefix(l, "83461e1a2ae5") {
+			rows = append(rows, strings.Join(strings.Fields(l), " "))
+		}
+	}
+	want := []string{
+		"5419d742573a 3 invalid-transition 2026-07-10T12:00:00Z 2026-07-10T13:00:00Z transfers.0,transfers.1,transfers.2 +1 2 " +
+			"TransferCompleted for transfer 0c8a4c0e-2d37-4c61-8f0e-1e5d2b7a9e33, which is already failed",
+		"83461e1a2ae5 2 poison - - transfers.1 0 data.amountMinor 0 is not positive",
+	}
+	if strings.Join(rows, "\n") != strings.Join(want, "\n") {
+		t.Errorf("group rows:\n%s\nwant:\n%s", strings.Join(rows, "\n"), strings.Join(want, "\n"))
+	}
+
+	out.Reset()
+	printSummary(&out, "transfers.dlq", dlq.Summary{Total: 5, Matched: 2, Groups: s.Groups[1:]}, dlq.Filter{Group: "83461e1a2ae5"})
+	if !strings.HasPrefix(out.String(), "transfers.dlq: 5 dead letter(s), 2 in group 83461e1a2ae5, 1 group(s)\n") {
+		t.Errorf("list --group:\n%s", out.String())
+	}
+}
