@@ -243,14 +243,18 @@ func printLetters(w io.Writer, letters []dlq.Letter) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "EVENT ID\tGROUP\tCLASS\tQUEUE\tROUTING KEY\tFAILED AT\tREASON")
+	fmt.Fprintln(tw, "EVENT ID\tGROUP\tCLASS\tQUEUE\tROUTING KEY\tFAILED AT\tREPLAYS\tREASON")
 	for _, l := range letters {
 		at := ""
 		if !l.FailedAt.IsZero() {
 			at = l.FailedAt.UTC().Format(time.RFC3339)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", orDash(l.EventID), l.Group, l.Class, orDash(l.Queue),
-			orDash(l.RoutingKey), orDash(at), oneLine(l.Reason, 80))
+		replays := "-"
+		if l.Replays > 0 {
+			replays = fmt.Sprintf("%d, last %s", l.Replays, l.LastReplay.UTC().Format(time.RFC3339))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", orDash(l.EventID), l.Group, l.Class, orDash(l.Queue),
+			orDash(l.RoutingKey), orDash(at), replays, oneLine(l.Reason, 80))
 	}
 	tw.Flush()
 }

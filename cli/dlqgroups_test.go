@@ -74,3 +74,13 @@ func TestDLQListPrintsGroups(t *testing.T) {
 		t.Errorf("list --group:\n%s", out.String())
 	}
 }
+
+// A letter's history shows beside it: how often it was replayed, when last.
+func TestDLQLettersShowTheirReplays(t *testing.T) {
+	at := time.Date(2026, 7, 10, 12, 0, 0, 0, time.UTC)
+	var out bytes.Buffer
+	printLetters(&out, []dlq.Letter{{EventID: "e1", Group: "5419d742573a", Class: "panic", Replays: 3, LastReplay: at}, {EventID: "e2"}})
+	if got := out.String(); !strings.Contains(got, "REPLAYS") || !strings.Contains(got, "3, last 2026-07-10T12:00:00Z") {
+		t.Errorf("letters:\n%s", got)
+	}
+}

@@ -166,3 +166,35 @@ func TestGrouperGathersAGroup(t *testing.T) {
 		t.Error("Filter{Group: a} does not select group a alone")
 	}
 }
+
+// Each replay adds one to x-replay-count and sets x-replayed-at; both
+// survive the next dead-lettering (Copy keeps the delivery's headers), so a
+// letter that fails after its third replay says 3.
+func TestReplayHistorySurvivesTheNextDeadLettering(t *testing.T) {
+	at := time.Date(2026, 7, 10, 12, 0, 0, 0, time.UTC)
+	headers := amqp.Table{"traceparent": "00-abc"}
+	for i := 1; i <= 3; i++ {
+		headers = replayHeaders(headers, "run", "", at.Add(time.Duration(i)*time.Hour))
+		msg := Copy(amqp.Delivery{Headers: headers}, Failure{Class: "panic", Reason: "panic: boom", At: at})
+		headers = msg.Headers
+		l := Describe(amqp.Delivery{Headers: headers})
+		if l.Replays != int64(i) || !l.LastReplay.Equal(at.Add(time.Duration(i)*time.Hour)) {
+			t.Errorf("after replay %d and a failure: %d replays, last %s", i, l.Replays, l.LastReplay)
+		}
+		if headers[HeaderReplayCount] != int64(i) {
+			t.Errorf("after replay %d and a failure: %s = %v", i, HeaderReplayCount, headers[HeaderReplayCount])
+		}
+	}
+	// Through the outbox's JSON a number may come back as a float64; a
+	// letter replayed by a release before the count has x-replayed-at alone.
+	if n := ReplayCount(amqp.Table{HeaderReplayCount: float64(4)}); n != 4 {
+		t.Errorf("a float count: %d, want 4", n)
+	}
+	old := amqp.Table{HeaderReplayedAt: at.Format(time.RFC3339Nano)}
+	if l := Describe(amqp.Delivery{Headers: old}); l.Replays != 1 {
+		t.Errorf("x-replayed-at alone: %d replays, want 1", l.Replays)
+	}
+	if h := replayHeaders(old, "run", "", at); h[HeaderReplayCount] != int64(2) {
+		t.Errorf("replaying a letter with x-replayed-at alone: count %v, want 2", h[HeaderReplayCount])
+	}
+}

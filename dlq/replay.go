@@ -187,7 +187,9 @@ func republish(ch *amqp.Channel, returns <-chan amqp.Return, prefix, run, user, 
 
 // replayHeaders returns the headers of a letter put back by run at now: the
 // letter's own, less the failure headers (x-original-user-id among them,
-// whatever the letter said), with producer as x-original-user-id when set.
+// whatever the letter said), with producer as x-original-user-id when set,
+// and its history: x-replay-count one more than the letter's (see
+// Letter.Replays), x-replayed-at now.
 func replayHeaders(from amqp.Table, run, producer string, now time.Time) amqp.Table {
 	headers := amqp.Table{}
 	for k, v := range from {
@@ -198,6 +200,8 @@ func replayHeaders(from amqp.Table, run, producer string, now time.Time) amqp.Ta
 		}
 		headers[k] = v
 	}
+	n, _ := replays(from)
+	headers[HeaderReplayCount] = n + 1
 	headers[HeaderReplayedAt] = now.UTC().Format(time.RFC3339Nano)
 	headers[HeaderReplayRun] = run
 	if producer != "" {
