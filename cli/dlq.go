@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -19,7 +20,7 @@ import (
 const dlqUsage = `Usage:
   transferconsumer dlq list [-n N] [--wait D] [--group G]
   transferconsumer dlq replay [--class C] [--reason TEXT] [--event-id ID] [--group G] [--limit N] [--dry-run]
-                              [--include-older-than-ttl]
+                              [--rate N/s] [--include-older-than-ttl]
   transferconsumer dlq drop --record FILE [--class C] [--reason TEXT] [--event-id ID] [--group G] [--limit N]
                             [--yes] [--dry-run]
   transferconsumer dlq help
@@ -40,6 +41,13 @@ given. So are poison and producer-conflict letters, which cannot apply again
 content), and unauthorized ones (a producer PRODUCERS does not list), unless
 --class names their class. A replayed letter keeps its first producer in
 x-original-user-id, and is judged by it again.
+
+replay publishes at most --rate letters a second (default 100/s: a large group
+goes back beside live traffic without taking the queues from it; 0 for as fast
+as the broker confirms) and, on a terminal, shows how many it replayed, how
+many letters are left to read and its rate. SIGINT (Ctrl-C) or SIGTERM stops
+it between two letters: each letter is then either confirmed republished and
+removed, or still in the DLQ; run it again to go on.
 
 drop removes the matching letters for good. It writes each one (body, headers
 and properties) as a line of JSON to the --record file, appended and synced,
@@ -88,6 +96,7 @@ type dlqArgs struct {
 	yes        bool          // drop without asking
 	spend      bool          // read even where reading spends the letters' deliveries (guardDLQ)
 	wait       time.Duration // list: how long to read again while another reader holds letters
+	rate       rateFlag      // replay: letters a second, 0 for no limit
 }
 
 // parseDLQ parses the arguments of dlq; it needs neither the configuration
@@ -128,6 +137,8 @@ func parseDLQ(args []string, help io.Writer) (dlqArgs, error) {
 			fset.BoolVar(&a.yes, "yes", false, "drop without asking to confirm")
 			break
 		}
+		a.rate = dlq.DefaultRate
+		fset.Var(&a.rate, "rate", "replay at most this many letters a second, N or N/s (0: as fast as the broker confirms)")
 		fset.BoolVar(&a.includeOld, "include-older-than-ttl", false,
 			"also replay letters that failed longer than INBOX_TTL ago (the inbox may no longer know them)")
 	default:
@@ -167,9 +178,12 @@ func parseDLQ(args []string, help io.Writer) (dlqArgs, error) {
 
 func usageErr(msg string) error { return fmt.Errorf("%s\n\n%s", msg, dlqUsage) }
 
-func dlqCommand(cfg config.Config, a dlqArgs, stdin io.Reader, stdout, stderr io.Writer) error {
-	if a.cmd == "drop" {
+func dlqCommand(ctx context.Context, cfg config.Config, a dlqArgs, stdin io.Reader, stdout, stderr io.Writer) error {
+	switch a.cmd {
+	case "drop":
 		return dropCommand(cfg, a, stdin, stdout, stderr)
+	case "replay":
+		return replayCommand(ctx, cfg, a, stdout, stderr)
 	}
 	conn, err := dial(cfg, "dlq-"+a.cmd)
 	if err != nil {
@@ -179,52 +193,16 @@ func dlqCommand(cfg config.Config, a dlqArgs, stdin io.Reader, stdout, stderr io
 	if err := guardDLQ(cfg, conn, a.spend, stderr); err != nil {
 		return fmt.Errorf("dlq %s: %w", a.cmd, err)
 	}
-	if a.cmd == "list" {
-		s, seen, err := readWholeDLQ(cfg, a.wait, func() (dlq.Summary, int, error) {
-			s, err := dlq.ListMatching(conn, cfg.Prefix, a.first, a.filter)
-			return s, s.Total, err
-		})
-		if err != nil {
-			return noDLQ(cfg, err)
-		}
-		printSummary(stdout, dlq.Queue(cfg.Prefix), s, a.filter)
-		seen.printUnseen(stdout)
-		return nil
+	s, seen, err := readWholeDLQ(cfg, a.wait, func() (dlq.Summary, int, error) {
+		s, err := dlq.ListMatching(conn, cfg.Prefix, a.first, a.filter)
+		return s, s.Total, err
+	})
+	if err != nil {
+		return noDLQ(cfg, err)
 	}
-	if !a.includeOld {
-		a.filter.FailedAfter = time.Now().Add(-cfg.InboxTTL)
-	}
-	before := countDLQ(cfg, 0)
-	r, err := dlq.ReplayAs(conn, cfg.Prefix, a.filter, a.limit, a.dryRun, dlq.Custody{Replayers: strings.Split(cfg.Replayers, ",")})
-	err = noDLQ(cfg, err)
-	verb := "replayed"
-	if a.dryRun {
-		verb = "would replay"
-	}
-	fmt.Fprintf(stdout, "scanned %d of the %d dead letter(s) the DLQ held at the start, %s %d\n",
-		r.Scanned, r.Depth, verb, len(r.Replayed))
-	if !a.dryRun && len(r.Replayed) > 0 {
-		fmt.Fprintf(stdout, "replay run %s: in header %s of each letter it put back, also of one that failed again\n",
-			r.Run, dlq.HeaderReplayRun)
-	}
-	if r.TooOld+r.Undated > 0 {
-		fmt.Fprintf(stdout, "left alone: %d that failed longer ago than INBOX_TTL, %d that show no failure time (--include-older-than-ttl replays them)\n",
-			r.TooOld, r.Undated)
-	}
-	if len(r.Unreplayable) > 0 {
-		var counts, names []string
-		for _, class := range dlq.Classes() {
-			if n := r.Unreplayable[class]; n > 0 {
-				counts = append(counts, fmt.Sprintf("%d %s", n, class))
-				names = append(names, "--class "+class)
-			}
-		}
-		fmt.Fprintf(stdout, "left alone: %s, which cannot apply again (name %s to replay them)\n",
-			strings.Join(counts, ", "), strings.Join(names, " or "))
-	}
-	printLetters(stdout, r.Replayed)
-	before.againstScanned(r.Depth).printUnseen(stdout)
-	return err
+	printSummary(stdout, dlq.Queue(cfg.Prefix), s, a.filter)
+	seen.printUnseen(stdout)
+	return nil
 }
 
 // noDLQ explains the broker's 404 for the dead-letter queue: the topology

@@ -84,3 +84,38 @@ func TestDLQLettersShowTheirReplays(t *testing.T) {
 		t.Errorf("letters:\n%s", got)
 	}
 }
+
+// --rate takes N or N/s, 0 for no limit, and defaults to dlq.DefaultRate.
+func TestDLQReplayParsesRate(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want float64
+	}{
+		{[]string{"replay"}, dlq.DefaultRate},
+		{[]string{"replay", "--rate", "50"}, 50},
+		{[]string{"replay", "--rate", "50/s"}, 50},
+		{[]string{"replay", "--rate=2.5"}, 2.5},
+		{[]string{"replay", "--rate", "0"}, 0},
+	} {
+		a, err := parseDLQ(c.args, nil)
+		if err != nil || float64(a.rate) != c.want {
+			t.Errorf("%v: rate %v, %v; want %v", c.args, a.rate, err, c.want)
+		}
+	}
+	for _, bad := range []string{"-1", "fast", "50/min"} {
+		if _, err := parseDLQ([]string{"replay", "--rate", bad}, nil); err == nil || !strings.Contains(err.Error(), "not a rate") {
+			t.Errorf("--rate %s: %v, want a refusal", bad, err)
+		}
+	}
+	if _, err := parseDLQ([]string{"drop", "--rate", "5", "--dry-run"}, nil); err == nil {
+		t.Error("drop --rate: accepted, want a refusal (drop removes, it does not publish)")
+	}
+}
+
+// The progress line says done, left and the rate.
+func TestDLQReplayProgressText(t *testing.T) {
+	got := progressText(dlq.Progress{Replayed: 100, Scanned: 250, Depth: 300, Elapsed: 2 * time.Second})
+	if want := "replayed 100, 50 of 300 letter(s) left to read, 50.0/s"; !strings.HasPrefix(got, want) {
+		t.Errorf("progress %q, want %q", got, want)
+	}
+}

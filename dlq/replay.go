@@ -26,6 +26,22 @@ type ReplayReport struct {
 	// left in the DLQ because their class cannot apply again (see
 	// Unreplayable) and the filter did not name it.
 	Unreplayable map[string]int
+	// Published counts the letters published, Replayed those of them
+	// confirmed and removed from the DLQ: one more was published only when
+	// the run failed on it.
+	Published int
+	// Interrupted says the run stopped because its context ended.
+	Interrupted bool
+}
+
+// Skipped counts the letters the filter selected that the run left in the
+// DLQ on purpose: too old, undated, or of a class that cannot apply again.
+func (r ReplayReport) Skipped() int {
+	n := r.TooOld + r.Undated
+	for _, k := range r.Unreplayable {
+		n += k
+	}
+	return n
 }
 
 // Replay publishes the dead letters that match f back to the topology's
@@ -93,6 +109,18 @@ func connUser(conn *amqp.Connection) string {
 // service judges a replayed letter by the producer that first sent it,
 // never by the replaying user.
 func ReplayAs(conn *amqp.Connection, prefix string, f Filter, limit int, dryRun bool, c Custody) (ReplayReport, error) {
+	return ReplayPaced(context.Background(), conn, prefix, f, limit, dryRun, c, Pace{})
+}
+
+// ReplayPaced is ReplayAs at p's rate, telling p.Progress after each letter,
+// until ctx ends. An end of ctx stops the run between two letters: the
+// letter being republished is confirmed and removed first, the next is
+// not published, and every letter not removed goes back to the DLQ, so
+// each is either confirmed republished or still in the DLQ, and a run
+// started again goes on with those. The report then says Interrupted; the
+// error is nil unless something failed.
+func ReplayPaced(ctx context.Context, conn *amqp.Connection, prefix string, f Filter, limit int, dryRun bool,
+	c Custody, p Pace) (ReplayReport, error) {
 	if c.User == "" {
 		c.User = connUser(conn)
 	}
@@ -104,11 +132,21 @@ func ReplayAs(conn *amqp.Connection, prefix string, f Filter, limit int, dryRun 
 	defer ch.Close() // returns anything still held, should scan fail
 	var returns chan amqp.Return
 	var closes chan *amqp.Error
+	lim := p.limiter()
+	start := time.Now()
 	r.Scanned, r.Depth, err = scan(ch, Queue(prefix), func(d amqp.Delivery, l Letter) (bool, bool, error) {
 		if !r.shouldReplay(d, l, f) {
 			return true, false, nil
 		}
+		if ctx.Err() != nil {
+			r.Interrupted = true
+			return false, false, nil // this letter goes back
+		}
 		if !dryRun {
+			if lim != nil && lim.Wait(ctx) != nil {
+				r.Interrupted = true
+				return false, false, nil
+			}
 			if returns == nil {
 				if err := ch.Confirm(false); err != nil {
 					return false, false, fmt.Errorf("confirm mode: %w", err)
@@ -116,6 +154,7 @@ func ReplayAs(conn *amqp.Connection, prefix string, f Filter, limit int, dryRun 
 				returns = ch.NotifyReturn(make(chan amqp.Return, 1))
 				closes = ch.NotifyClose(make(chan *amqp.Error, 1))
 			}
+			r.Published++
 			if err := republish(ch, returns, prefix, r.Run, c.User, LetterProducer(d, c.replayer), d, l); err != nil {
 				return false, false, fmt.Errorf("replay event %s: %w", l.EventID, Explain(err, closes, prefix))
 			}
@@ -124,6 +163,9 @@ func ReplayAs(conn *amqp.Connection, prefix string, f Filter, limit int, dryRun 
 			}
 		}
 		r.Replayed = append(r.Replayed, l)
+		if p.Progress != nil {
+			p.Progress(Progress{Replayed: len(r.Replayed), Scanned: r.Scanned + 1, Depth: r.Depth, Elapsed: time.Since(start)})
+		}
 		return limit == 0 || len(r.Replayed) < limit, !dryRun, nil
 	})
 	return r, err
