@@ -20,9 +20,9 @@ import (
 const dlqUsage = `Usage:
   transferconsumer dlq list [-n N] [--wait D] [--group G]
   transferconsumer dlq replay [--class C] [--reason TEXT] [--event-id ID] [--group G] [--limit N] [--dry-run]
-                              [--rate N/s] [--include-older-than-ttl]
+                              [--rate N/s] [--include-older-than-ttl] [--audit FILE]
   transferconsumer dlq drop --record FILE [--class C] [--reason TEXT] [--event-id ID] [--group G] [--limit N]
-                            [--yes] [--dry-run]
+                            [--yes] [--dry-run] [--audit FILE]
   transferconsumer dlq help
 
 list shows the dead letters by group, and the first N. A group is one failure:
@@ -48,6 +48,11 @@ as the broker confirms) and, on a terminal, shows how many it replayed, how
 many letters are left to read and its rate. SIGINT (Ctrl-C) or SIGTERM stops
 it between two letters: each letter is then either confirmed republished and
 removed, or still in the DLQ; run it again to go on.
+
+Each replay and drop that changes the DLQ appends one line of JSON to the
+audit log (--audit FILE, else DLQ_AUDIT_LOG), synced: who ran it, when, its
+filter and rate, how many it replayed, confirmed, dropped, skipped and left,
+and the event ids that went. A log that cannot be opened refuses the run.
 
 drop removes the matching letters for good. It writes each one (body, headers
 and properties) as a line of JSON to the --record file, appended and synced,
@@ -97,6 +102,7 @@ type dlqArgs struct {
 	spend      bool          // read even where reading spends the letters' deliveries (guardDLQ)
 	wait       time.Duration // list: how long to read again while another reader holds letters
 	rate       rateFlag      // replay: letters a second, 0 for no limit
+	audit      string        // replay, drop: the audit log, else DLQ_AUDIT_LOG
 }
 
 // parseDLQ parses the arguments of dlq; it needs neither the configuration
@@ -132,6 +138,7 @@ func parseDLQ(args []string, help io.Writer) (dlqArgs, error) {
 			done = "dropped"
 		}
 		fset.BoolVar(&a.dryRun, "dry-run", false, "show what would be "+done+"; change nothing")
+		fset.StringVar(&a.audit, "audit", "", "append a record of the run to this file (default DLQ_AUDIT_LOG)")
 		if a.cmd == "drop" {
 			fset.StringVar(&a.record, "record", "", "append each letter to this file before removing it (- for stdout); required but with --dry-run")
 			fset.BoolVar(&a.yes, "yes", false, "drop without asking to confirm")

@@ -17,6 +17,10 @@ import (
 // stderr is a terminal, until ctx ends (SIGINT, SIGTERM), which stops it
 // between two letters (dlq.ReplayPaced).
 func replayCommand(ctx context.Context, cfg config.Config, a dlqArgs, stdout, stderr io.Writer) error {
+	audit, err := openAudit(cfg, a, stderr)
+	if err != nil {
+		return err
+	}
 	conn, err := dial(cfg, "dlq-replay")
 	if err != nil {
 		return err
@@ -70,7 +74,7 @@ func replayCommand(ctx context.Context, cfg config.Config, a dlqArgs, stdout, st
 		err = fmt.Errorf("dlq replay interrupted (%v): %d replayed, each confirmed and removed from the DLQ; "+
 			"every other letter is still in the DLQ: run again to go on", context.Cause(ctx), len(r.Replayed))
 	}
-	return err
+	return audit.write(dlq.ReplayRun(r, dlq.Queue(cfg.Prefix)), a, conn, err)
 }
 
 // rateFlag is --rate: letters per second, written N or N/s; 0 for as fast
