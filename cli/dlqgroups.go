@@ -24,8 +24,10 @@ func printSummary(w io.Writer, queue string, s dlq.Summary, f dlq.Filter) {
 	}
 	fmt.Fprintln(w)
 	printGroups(w, s.Groups)
-	fmt.Fprintf(w, "\nFirst %d:\n", len(s.Letters))
-	printLetters(w, s.Letters)
+	if len(s.Letters) > 0 {
+		fmt.Fprintf(w, "\nFirst %d:\n", len(s.Letters))
+		printLetters(w, s.Letters)
+	}
 }
 
 // printGroups prints one line per group, largest first.

@@ -17,7 +17,7 @@ const HeaderGroup = "x-failure-group"
 // Each rule is written against the reasons the service writes (event.Decode,
 // db's translate and apply_effect.sql, consumer's producer check and panic
 // recovery) and the one Describe writes for the broker's own dead letters;
-// see adr/0013.
+// see adr/0015.
 var templateRules = []struct {
 	re   *regexp.Regexp
 	with string

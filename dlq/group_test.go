@@ -79,7 +79,7 @@ func TestFingerprintSeparatesDifferentFailures(t *testing.T) {
 
 // TestFingerprintIsStable pins the fingerprint of real reasons: letters carry
 // it and operators name groups by it across releases, so a change of
-// Template or Fingerprint must be seen here, and weighed (adr/0013).
+// Template or Fingerprint must be seen here, and weighed (adr/0015).
 func TestFingerprintIsStable(t *testing.T) {
 	for _, c := range []struct {
 		class, reason, template, want string

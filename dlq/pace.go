@@ -10,7 +10,7 @@ import (
 // otherwise: a fifth of the slowest rate the service was measured to apply
 // at (365 events/s, BATCH_MAX=1, BENCHMARKS.md), so that a large group
 // goes back beside live traffic without taking the queues from it; 5,000
-// letters take under a minute (adr/0013).
+// letters take under a minute (adr/0015).
 const DefaultRate = 100
 
 // Pace is how fast a replay goes, and whom it tells.
