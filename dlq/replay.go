@@ -134,13 +134,15 @@ func ReplayPaced(ctx context.Context, conn *amqp.Connection, prefix string, f Fi
 	var closes chan *amqp.Error
 	lim := p.limiter()
 	start := time.Now()
-	r.Scanned, r.Depth, err = scan(ch, Queue(prefix), func(d amqp.Delivery, l Letter) (bool, bool, error) {
-		if !r.shouldReplay(d, l, f) {
-			return true, false, nil
-		}
+	var depth, scanned int // as the scan goes
+	r.Scanned, r.Depth, err = scanTold(ch, Queue(prefix), func(n int) { depth = n }, func(d amqp.Delivery, l Letter) (bool, bool, error) {
+		scanned++
 		if ctx.Err() != nil {
 			r.Interrupted = true
 			return false, false, nil // this letter goes back
+		}
+		if !r.shouldReplay(d, l, f) {
+			return true, false, nil
 		}
 		if !dryRun {
 			if lim != nil && lim.Wait(ctx) != nil {
@@ -164,7 +166,7 @@ func ReplayPaced(ctx context.Context, conn *amqp.Connection, prefix string, f Fi
 		}
 		r.Replayed = append(r.Replayed, l)
 		if p.Progress != nil {
-			p.Progress(Progress{Replayed: len(r.Replayed), Scanned: r.Scanned + 1, Depth: r.Depth, Elapsed: time.Since(start)})
+			p.Progress(Progress{Replayed: len(r.Replayed), Scanned: scanned, Depth: depth, Elapsed: time.Since(start)})
 		}
 		return limit == 0 || len(r.Replayed) < limit, !dryRun, nil
 	})
