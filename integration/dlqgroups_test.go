@@ -5,13 +5,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -27,8 +30,8 @@ import (
 // groups in `dlq list`; one group replayed at 50/s takes at least its count
 // ÷ 50 less one second and leaves the other two; its letters, dead-lettered
 // again, carry their replay count; a replay interrupted by SIGINT loses and
-// duplicates no letter, and a second run goes on; the audit log says what
-// each run did.
+// duplicates no letter, and a second run goes on; a poison group is dropped
+// whole; the audit log says what each run did.
 func TestDLQGroupsWorkedOneByOne(t *testing.T) {
 	parallel(t)
 	e := newEnv(t)
@@ -129,10 +132,14 @@ func TestDLQGroupsWorkedOneByOne(t *testing.T) {
 	// in the partition queues, so each letter can be found, once, on one
 	// side or the other.
 	svc.stop()
+	// Its stderr is a terminal, where it shows its progress.
 	c := exec.Command(buildService(t), "dlq", "replay", "--group", transitionGroup, "--rate", "10")
 	c.Env = append(os.Environ(), e.commandEnv(queues, withAudit...)...)
-	var cout, cerr strings.Builder
-	c.Stdout, c.Stderr = &cout, &cerr
+	var cout strings.Builder
+	master, term := newPTY(t)
+	cerr := &lockedText{}
+	go func() { _, _ = io.Copy(cerr, master) }() // until the test closes master
+	c.Stdout, c.Stderr = &cout, term
 	if err := c.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -159,8 +166,14 @@ func TestDLQGroupsWorkedOneByOne(t *testing.T) {
 			return false
 		}
 	})
-	if waitErr == nil || !strings.Contains(cerr.String(), "interrupted") {
-		t.Errorf("the interrupted replay exited with %v, want an error that says it was interrupted\n%s%s", waitErr, cout.String(), cerr.String())
+	if waitErr == nil {
+		t.Errorf("the interrupted replay exited with status 0, want 1\n%s", cout.String())
+	}
+	waitFor(t, 30*time.Second, "the terminal to say the replay was interrupted", func() bool {
+		return strings.Contains(cerr.String(), "dlq replay interrupted")
+	})
+	if text := cerr.String(); !progressShown.MatchString(text) {
+		t.Errorf("the terminal shows no progress (replayed, left to read, rate):\n%q", text)
 	}
 	moved := e.partitionIDs(queues)
 	left := e.dlqGroupIDs(transitionGroup)
@@ -204,8 +217,47 @@ func TestDLQGroupsWorkedOneByOne(t *testing.T) {
 	}
 	groups = e.listGroups()
 	if len(groups) != 2 || groups[zeroGroup].count != n || groups[currencyGroup].count != n {
-		t.Errorf("dlq list at the end: %+v, want the two poison groups, untouched", groups)
+		t.Errorf("dlq list after the replays: %+v, want the two poison groups, untouched", groups)
 	}
+
+	// A poison group is dropped whole, recorded, and the run in the log.
+	record := filepath.Join(t.TempDir(), "dropped.jsonl")
+	out, stderr, err = e.command(nil, withAudit, "dlq", "drop", "--group", zeroGroup, "--record", record, "--yes")
+	if err != nil || !strings.Contains(out, fmt.Sprintf("dropped %d\n", n)) {
+		t.Fatalf("dlq drop --group %s: %v\n%s%s", zeroGroup, err, out, stderr)
+	}
+	if runs := readRuns(t, audit); len(runs) != 4 || runs[3].Command != "drop" || runs[3].Dropped != n ||
+		len(runs[3].EventIDs) != n || runs[3].Filter.Group != zeroGroup {
+		t.Errorf("the audit log after the drop: %+v", runs[len(runs)-1])
+	}
+	if len(readRecordFile(t, record)) != n {
+		t.Errorf("the drop's record holds %d letters, want %d", len(readRecordFile(t, record)), n)
+	}
+	groups = e.listGroups()
+	if len(groups) != 1 || groups[currencyGroup].count != n {
+		t.Errorf("dlq list at the end: %+v, want the currency group alone, untouched", groups)
+	}
+}
+
+// progressShown matches replay's progress line on a terminal.
+var progressShown = regexp.MustCompile(`replayed \d+, \d+ of \d+ letter\(s\) left to read, \d+\.\d/s`)
+
+// lockedText is a text buffer one goroutine writes while another reads.
+type lockedText struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedText) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedText) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // listedGroup is one group as `dlq list` prints it.
