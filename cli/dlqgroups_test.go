@@ -119,3 +119,25 @@ func TestDLQReplayProgressText(t *testing.T) {
 		t.Errorf("progress %q, want %q", got, want)
 	}
 }
+
+// The progress line shows the first count at once and ends with the
+// run's last.
+func TestDLQReplayProgressEndsWithTheLastCount(t *testing.T) {
+	var out bytes.Buffer
+	p := &progressLine{w: &out}
+	for i := 1; i <= 50; i++ {
+		p.show(dlq.Progress{Replayed: i, Scanned: i, Depth: 50, Elapsed: time.Second})
+	}
+	p.end()
+	got := out.String()
+	if !strings.HasPrefix(got, "\rreplayed 1, 49 of 50") || !strings.Contains(got, "\rreplayed 50, 0 of 50") || !strings.HasSuffix(got, "\n") {
+		t.Errorf("progress %q: want the first count, the last, and a new line", got)
+	}
+	var none bytes.Buffer
+	(&progressLine{w: &none}).end()
+	var nilLine *progressLine
+	nilLine.end()
+	if none.Len() != 0 {
+		t.Errorf("a run that replayed nothing wrote %q", none.String())
+	}
+}

@@ -104,27 +104,33 @@ func terminalOut(w io.Writer) bool {
 }
 
 // progressLine shows a replay's progress on one line that it rewrites, at
-// most five times a second.
+// most five times a second, and as it was last when the run ends.
 type progressLine struct {
-	w     io.Writer
-	last  time.Time
-	shown bool
+	w      io.Writer
+	last   time.Time
+	latest dlq.Progress
+	told   bool // latest is not on the line yet
 }
 
 func (p *progressLine) show(pr dlq.Progress) {
+	p.latest, p.told = pr, true
 	if time.Since(p.last) < 200*time.Millisecond {
 		return
 	}
-	p.last = time.Now()
-	p.shown = true
+	p.last, p.told = time.Now(), false
 	fmt.Fprintf(p.w, "\r%s", progressText(pr))
 }
 
-// end ends the progress line, if one was shown.
+// end writes the progress as it was last, if it was ever told any, and
+// ends the line.
 func (p *progressLine) end() {
-	if p != nil && p.shown {
-		fmt.Fprintln(p.w)
+	if p == nil || p.last.IsZero() && !p.told {
+		return
 	}
+	if p.told {
+		fmt.Fprintf(p.w, "\r%s", progressText(p.latest))
+	}
+	fmt.Fprintln(p.w)
 }
 
 // progressText says how far a replay is: done, what is left to read of
