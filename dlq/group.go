@@ -30,12 +30,14 @@ var templateRules = []struct {
 	{regexp.MustCompile(`\S+→\S+ -?\d+ \S+?(,|$|\s)`), `<a>→<a> <n> <cur>$1`},
 	{regexp.MustCompile(`\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b`), `<uuid>`},
 	{regexp.MustCompile(`\b\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:Z|[+-]\d{2}:?\d{2})?`), `<time>`},
+	// A number's sign goes with it: -100 and 0 fail alike. Numbers go
+	// before long hex, so that a long number is a number; a hex string
+	// with a letter in it holds no number between word boundaries.
+	{regexp.MustCompile(`(^|[\s(\[:=,])-(\d)`), `$1$2`},
+	{regexp.MustCompile(`\b\d+(?:\.\d+)?\b`), `<n>`},
 	// A content fingerprint (a producer conflict), an address (a panic).
 	{regexp.MustCompile(`\b0x[0-9a-fA-F]+\b`), `<hex>`},
 	{regexp.MustCompile(`\b[0-9a-fA-F]{16,}\b`), `<hex>`},
-	// A number's sign goes with it: -100 and 0 fail alike.
-	{regexp.MustCompile(`(^|[\s(\[:=,])-(\d)`), `$1$2`},
-	{regexp.MustCompile(`\b\d+(?:\.\d+)?\b`), `<n>`},
 }
 
 // Template returns reason with its variable parts taken out: the values a
