@@ -30,8 +30,9 @@ import (
 // groups in `dlq list`; one group replayed at 50/s takes at least its count
 // ÷ 50 less one second and leaves the other two; its letters, dead-lettered
 // again, carry their replay count; a replay interrupted by SIGINT loses and
-// duplicates no letter, and a second run goes on; a poison group is dropped
-// whole; the audit log says what each run did.
+// duplicates no letter, and a second run goes on; a poison group is left
+// alone by a replay that does not name its class, and dropped whole; the
+// audit log says what each run did.
 func TestDLQGroupsWorkedOneByOne(t *testing.T) {
 	parallel(t)
 	e := newEnv(t)
@@ -220,14 +221,24 @@ func TestDLQGroupsWorkedOneByOne(t *testing.T) {
 		t.Errorf("dlq list after the replays: %+v, want the two poison groups, untouched", groups)
 	}
 
+	// Safe by default, per group: a poison group is not replayed unless
+	// its class is named.
+	out, stderr, err = e.command(nil, withAudit, "dlq", "replay", "--group", zeroGroup)
+	if err != nil || !strings.Contains(out, "replayed 0\n") || !strings.Contains(out, fmt.Sprintf("left alone: %d poison", n)) {
+		t.Errorf("dlq replay --group %s without --class: %v, want the poison left alone\n%s%s", zeroGroup, err, out, stderr)
+	}
+	if runs := readRuns(t, audit); len(runs) != 4 || runs[3].Confirmed != 0 || runs[3].Skipped != n {
+		t.Errorf("the audit log after the replay that left the poison: %+v", runs[len(runs)-1])
+	}
+
 	// A poison group is dropped whole, recorded, and the run in the log.
 	record := filepath.Join(t.TempDir(), "dropped.jsonl")
 	out, stderr, err = e.command(nil, withAudit, "dlq", "drop", "--group", zeroGroup, "--record", record, "--yes")
 	if err != nil || !strings.Contains(out, fmt.Sprintf("dropped %d\n", n)) {
 		t.Fatalf("dlq drop --group %s: %v\n%s%s", zeroGroup, err, out, stderr)
 	}
-	if runs := readRuns(t, audit); len(runs) != 4 || runs[3].Command != "drop" || runs[3].Dropped != n ||
-		len(runs[3].EventIDs) != n || runs[3].Filter.Group != zeroGroup {
+	if runs := readRuns(t, audit); len(runs) != 5 || runs[4].Command != "drop" || runs[4].Dropped != n ||
+		len(runs[4].EventIDs) != n || runs[4].Filter.Group != zeroGroup {
 		t.Errorf("the audit log after the drop: %+v", runs[len(runs)-1])
 	}
 	if len(readRecordFile(t, record)) != n {
