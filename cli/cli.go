@@ -114,7 +114,7 @@ func (a App) Run(ctx context.Context, args []string) error {
 	case "prune":
 		return pruneCommand(ctx, cfg, a.Stdout)
 	case "dlq":
-		return dlqCommand(cfg, dlqCmd, a.Stdin, a.Stdout, a.Stderr)
+		return dlqCommand(ctx, cfg, dlqCmd, a.Stdin, a.Stdout, a.Stderr)
 	case "repartition":
 		return repartitionCommand(ctx, cfg, args, a.Stdout)
 	case "reconcile":

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -17,15 +18,20 @@ import (
 )
 
 const dlqUsage = `Usage:
-  transferconsumer dlq list [-n N] [--wait D]
-  transferconsumer dlq replay [--class C] [--reason TEXT] [--event-id ID] [--limit N] [--dry-run]
-                              [--include-older-than-ttl]
-  transferconsumer dlq drop --record FILE [--class C] [--reason TEXT] [--event-id ID] [--limit N]
-                            [--yes] [--dry-run]
+  transferconsumer dlq list [-n N] [--wait D] [--group G]
+  transferconsumer dlq replay [--class C] [--reason TEXT] [--event-id ID] [--group G] [--limit N] [--dry-run]
+                              [--rate N/s] [--include-older-than-ttl] [--audit FILE]
+  transferconsumer dlq drop --record FILE [--class C] [--reason TEXT] [--event-id ID] [--group G] [--limit N]
+                            [--yes] [--dry-run] [--audit FILE]
   transferconsumer dlq help
 
-list shows how many dead letters there are by class and reason, and the first
-N. replay publishes the matching ones back to the exchange with their original
+list shows the dead letters by group, and the first N. A group is one failure:
+its fingerprint (header x-failure-group) is taken from the class and the reason
+with the variable parts (ids, amounts, times, quoted values) left out, so the
+letters of one failure that name their own ids are one group. For each group
+list shows its fingerprint, count, class, first and last failure, the queues
+its letters failed on, how many were replayed before, and a sample reason.
+--group G, on list, replay and drop, takes only the letters of group G. replay publishes the matching ones back to the exchange with their original
 routing key, each removed from the DLQ only after the broker confirmed it.
 Replaying an event that was already applied changes nothing, within the inbox
 retention (INBOX_TTL): letters that failed longer ago, and letters that show
@@ -35,6 +41,18 @@ given. So are poison and producer-conflict letters, which cannot apply again
 content), and unauthorized ones (a producer PRODUCERS does not list), unless
 --class names their class. A replayed letter keeps its first producer in
 x-original-user-id, and is judged by it again.
+
+replay publishes at most --rate letters a second (default 100/s: a large group
+goes back beside live traffic without taking the queues from it; 0 for as fast
+as the broker confirms) and, on a terminal, shows how many it replayed, how
+many letters are left to read and its rate. SIGINT (Ctrl-C) or SIGTERM stops
+it between two letters: each letter is then either confirmed republished and
+removed, or still in the DLQ; run it again to go on.
+
+Each replay and drop that changes the DLQ appends one line of JSON to the
+audit log (--audit FILE, else DLQ_AUDIT_LOG), synced: who ran it, when, its
+filter and rate, how many it replayed, confirmed, dropped, skipped and left,
+and the event ids that went. A log that cannot be opened refuses the run.
 
 drop removes the matching letters for good. It writes each one (body, headers
 and properties) as a line of JSON to the --record file, appended and synced,
@@ -83,6 +101,8 @@ type dlqArgs struct {
 	yes        bool          // drop without asking
 	spend      bool          // read even where reading spends the letters' deliveries (guardDLQ)
 	wait       time.Duration // list: how long to read again while another reader holds letters
+	rate       rateFlag      // replay: letters a second, 0 for no limit
+	audit      string        // replay, drop: the audit log, else DLQ_AUDIT_LOG
 }
 
 // parseDLQ parses the arguments of dlq; it needs neither the configuration
@@ -103,10 +123,12 @@ func parseDLQ(args []string, help io.Writer) (dlqArgs, error) {
 		fmt.Fprint(help, dlqUsage)
 		return a, flag.ErrHelp
 	case "list":
+		fset.StringVar(&a.filter.Group, "group", "", "only the letters of this group (its fingerprint, as list shows it)")
 		fset.IntVar(&a.first, "n", 20, "how many dead letters to show")
 		fset.DurationVar(&a.wait, "wait", 30*time.Second,
 			"with MANAGEMENT_URL: how long to read again while another reader holds letters, before answering with what it saw")
 	case "replay", "drop":
+		fset.StringVar(&a.filter.Group, "group", "", "only the letters of this group (its fingerprint, as list shows it)")
 		fset.StringVar(&a.filter.Class, "class", "", "only this failure class (see Classes above)")
 		fset.StringVar(&a.filter.Reason, "reason", "", "only letters whose reason contains this text")
 		fset.StringVar(&a.filter.EventID, "event-id", "", "only this event")
@@ -116,11 +138,14 @@ func parseDLQ(args []string, help io.Writer) (dlqArgs, error) {
 			done = "dropped"
 		}
 		fset.BoolVar(&a.dryRun, "dry-run", false, "show what would be "+done+"; change nothing")
+		fset.StringVar(&a.audit, "audit", "", "append a record of the run to this file (default DLQ_AUDIT_LOG)")
 		if a.cmd == "drop" {
 			fset.StringVar(&a.record, "record", "", "append each letter to this file before removing it (- for stdout); required but with --dry-run")
 			fset.BoolVar(&a.yes, "yes", false, "drop without asking to confirm")
 			break
 		}
+		a.rate = dlq.DefaultRate
+		fset.Var(&a.rate, "rate", "replay at most this many letters a second, N or N/s (0: as fast as the broker confirms)")
 		fset.BoolVar(&a.includeOld, "include-older-than-ttl", false,
 			"also replay letters that failed longer than INBOX_TTL ago (the inbox may no longer know them)")
 	default:
@@ -148,6 +173,9 @@ func parseDLQ(args []string, help io.Writer) (dlqArgs, error) {
 	case a.filter.Class != "" && !slices.Contains(dlq.Classes(), a.filter.Class):
 		return a, fmt.Errorf("dlq %s: --class %q is not a class; the classes are %s",
 			a.cmd, a.filter.Class, strings.Join(dlq.Classes(), ", "))
+	case a.filter.Group != "" && !dlq.IsFingerprint(a.filter.Group):
+		return a, usageErr(fmt.Sprintf("dlq %s: --group %q is not a group's fingerprint (12 hex digits, as dlq list shows it)",
+			a.cmd, a.filter.Group))
 	case a.cmd == "drop" && !a.dryRun && a.record == "":
 		return a, usageErr("dlq drop: --record FILE is required: each letter is written there before it is removed " +
 			"(--record - writes to stdout; --dry-run needs none)")
@@ -157,9 +185,12 @@ func parseDLQ(args []string, help io.Writer) (dlqArgs, error) {
 
 func usageErr(msg string) error { return fmt.Errorf("%s\n\n%s", msg, dlqUsage) }
 
-func dlqCommand(cfg config.Config, a dlqArgs, stdin io.Reader, stdout, stderr io.Writer) error {
-	if a.cmd == "drop" {
+func dlqCommand(ctx context.Context, cfg config.Config, a dlqArgs, stdin io.Reader, stdout, stderr io.Writer) error {
+	switch a.cmd {
+	case "drop":
 		return dropCommand(cfg, a, stdin, stdout, stderr)
+	case "replay":
+		return replayCommand(ctx, cfg, a, stdout, stderr)
 	}
 	conn, err := dial(cfg, "dlq-"+a.cmd)
 	if err != nil {
@@ -169,52 +200,16 @@ func dlqCommand(cfg config.Config, a dlqArgs, stdin io.Reader, stdout, stderr io
 	if err := guardDLQ(cfg, conn, a.spend, stderr); err != nil {
 		return fmt.Errorf("dlq %s: %w", a.cmd, err)
 	}
-	if a.cmd == "list" {
-		s, seen, err := readWholeDLQ(cfg, a.wait, func() (dlq.Summary, int, error) {
-			s, err := dlq.List(conn, cfg.Prefix, a.first)
-			return s, s.Total, err
-		})
-		if err != nil {
-			return noDLQ(cfg, err)
-		}
-		printSummary(stdout, dlq.Queue(cfg.Prefix), s)
-		seen.printUnseen(stdout)
-		return nil
+	s, seen, err := readWholeDLQ(cfg, a.wait, func() (dlq.Summary, int, error) {
+		s, err := dlq.ListMatching(conn, cfg.Prefix, a.first, a.filter)
+		return s, s.Total, err
+	})
+	if err != nil {
+		return noDLQ(cfg, err)
 	}
-	if !a.includeOld {
-		a.filter.FailedAfter = time.Now().Add(-cfg.InboxTTL)
-	}
-	before := countDLQ(cfg, 0)
-	r, err := dlq.ReplayAs(conn, cfg.Prefix, a.filter, a.limit, a.dryRun, dlq.Custody{Replayers: strings.Split(cfg.Replayers, ",")})
-	err = noDLQ(cfg, err)
-	verb := "replayed"
-	if a.dryRun {
-		verb = "would replay"
-	}
-	fmt.Fprintf(stdout, "scanned %d of the %d dead letter(s) the DLQ held at the start, %s %d\n",
-		r.Scanned, r.Depth, verb, len(r.Replayed))
-	if !a.dryRun && len(r.Replayed) > 0 {
-		fmt.Fprintf(stdout, "replay run %s: in header %s of each letter it put back, also of one that failed again\n",
-			r.Run, dlq.HeaderReplayRun)
-	}
-	if r.TooOld+r.Undated > 0 {
-		fmt.Fprintf(stdout, "left alone: %d that failed longer ago than INBOX_TTL, %d that show no failure time (--include-older-than-ttl replays them)\n",
-			r.TooOld, r.Undated)
-	}
-	if len(r.Unreplayable) > 0 {
-		var counts, names []string
-		for _, class := range dlq.Classes() {
-			if n := r.Unreplayable[class]; n > 0 {
-				counts = append(counts, fmt.Sprintf("%d %s", n, class))
-				names = append(names, "--class "+class)
-			}
-		}
-		fmt.Fprintf(stdout, "left alone: %s, which cannot apply again (name %s to replay them)\n",
-			strings.Join(counts, ", "), strings.Join(names, " or "))
-	}
-	printLetters(stdout, r.Replayed)
-	before.againstScanned(r.Depth).printUnseen(stdout)
-	return err
+	printSummary(stdout, dlq.Queue(cfg.Prefix), s, a.filter)
+	seen.printUnseen(stdout)
+	return nil
 }
 
 // noDLQ explains the broker's 404 for the dead-letter queue: the topology
@@ -228,34 +223,23 @@ func noDLQ(cfg config.Config, err error) error {
 		"or declare the topology with transferconsumer topology", dlq.Queue(cfg.Prefix), ae.Reason, cfg.Prefix)
 }
 
-func printSummary(w io.Writer, queue string, s dlq.Summary) {
-	fmt.Fprintf(w, "%s: %d dead letter(s)\n", queue, s.Total)
-	if s.Total == 0 {
-		return
-	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "\nCOUNT\tCLASS\tREASON")
-	for _, g := range s.Groups {
-		fmt.Fprintf(tw, "%d\t%s\t%s\n", g.Count, g.Class, oneLine(g.Reason, 100))
-	}
-	tw.Flush()
-	fmt.Fprintf(w, "\nFirst %d:\n", len(s.Letters))
-	printLetters(w, s.Letters)
-}
-
 func printLetters(w io.Writer, letters []dlq.Letter) {
 	if len(letters) == 0 {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "EVENT ID\tCLASS\tQUEUE\tROUTING KEY\tFAILED AT\tREASON")
+	fmt.Fprintln(tw, "EVENT ID\tGROUP\tCLASS\tQUEUE\tROUTING KEY\tFAILED AT\tREPLAYS\tREASON")
 	for _, l := range letters {
 		at := ""
 		if !l.FailedAt.IsZero() {
 			at = l.FailedAt.UTC().Format(time.RFC3339)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", orDash(l.EventID), l.Class, orDash(l.Queue),
-			orDash(l.RoutingKey), orDash(at), oneLine(l.Reason, 80))
+		replays := "-"
+		if l.Replays > 0 {
+			replays = fmt.Sprintf("%d, last %s", l.Replays, l.LastReplay.UTC().Format(time.RFC3339))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", orDash(l.EventID), l.Group, l.Class, orDash(l.Queue),
+			orDash(l.RoutingKey), orDash(at), replays, oneLine(l.Reason, 80))
 	}
 	tw.Flush()
 }

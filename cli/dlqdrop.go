@@ -39,6 +39,10 @@ func dropCommand(cfg config.Config, a dlqArgs, stdin io.Reader, stdout, stderr i
 		}
 		rec = dlq.Lines{W: w, Queue: dlq.Queue(cfg.Prefix)}
 	}
+	audit, err := openAudit(cfg, a, report)
+	if err != nil {
+		return err
+	}
 	conn, err := dial(cfg, "dlq-drop")
 	if err != nil {
 		return err
@@ -87,7 +91,7 @@ func dropCommand(cfg config.Config, a dlqArgs, stdin io.Reader, stdout, stderr i
 	}
 	printLetters(report, r.Dropped)
 	before.againstScanned(r.Depth).printUnseen(report)
-	return err
+	return audit.write(dlq.DropRun(r, dlq.Queue(cfg.Prefix)), a, conn, err)
 }
 
 // terminal reports whether someone can answer a question on stdin: a file

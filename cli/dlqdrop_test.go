@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -133,7 +134,7 @@ func TestDLQDropWithoutATerminalRefusesBeforeAnything(t *testing.T) {
 	w.Close()
 	record := filepath.Join(t.TempDir(), "dropped.jsonl")
 	var stdout, stderr bytes.Buffer
-	err = dlqCommand(cfg, dlqArgs{cmd: "drop", record: record}, r, &stdout, &stderr)
+	err = dlqCommand(context.Background(), cfg, dlqArgs{cmd: "drop", record: record}, r, &stdout, &stderr)
 	if err == nil || !strings.Contains(err.Error(), "pass --yes") || !strings.Contains(err.Error(), "not a terminal") {
 		t.Errorf("got %v, want a refusal that says to pass --yes", err)
 	}
@@ -141,7 +142,7 @@ func TestDLQDropWithoutATerminalRefusesBeforeAnything(t *testing.T) {
 		t.Errorf("the record file was made: %v", err)
 	}
 	// An unwritable record fails before connecting too.
-	err = dlqCommand(cfg, dlqArgs{cmd: "drop", record: filepath.Join(t.TempDir(), "no", "such", "dir"), yes: true},
+	err = dlqCommand(context.Background(), cfg, dlqArgs{cmd: "drop", record: filepath.Join(t.TempDir(), "no", "such", "dir"), yes: true},
 		r, &stdout, &stderr)
 	if err == nil || !strings.Contains(err.Error(), "nothing dropped") || strings.Contains(err.Error(), "connect") {
 		t.Errorf("got %v, want the record file's error before any connection", err)

@@ -25,6 +25,11 @@ const (
 	// consumer's dead-letter copy and the broker's dead-lettering both keep
 	// it, so a run recognises a letter it replayed that failed again.
 	HeaderReplayRun = "x-replay-run"
+	// HeaderReplayCount says how often Replay put a message back, each
+	// run adding one; like x-replayed-at (the last time) it survives the
+	// message's next dead-lettering, the consumer's copy keeping every
+	// header of the delivery and the broker's too.
+	HeaderReplayCount = "x-replay-count"
 )
 
 // maxReason bounds the reason text: headers travel in one frame, and a long
@@ -41,7 +46,8 @@ type Failure struct {
 }
 
 // Copy returns the publishing that dead-letters d: its body, properties and
-// routing key unchanged, its headers plus the failure headers. The broker's
+// routing key unchanged, its headers plus the failure headers, its group
+// (HeaderGroup) among them, fingerprinted from the reason as written. The broker's
 // own x-delivery-count is kept as x-original-delivery-count, since the DLQ
 // counts its own deliveries under the original name. The user_id property
 // is dropped (the broker would refuse it from the service's user): the
@@ -60,6 +66,7 @@ func Copy(d amqp.Delivery, f Failure) amqp.Publishing {
 	}
 	headers[HeaderClass] = f.Class
 	headers[HeaderReason] = reason
+	headers[HeaderGroup] = Fingerprint(f.Class, reason)
 	headers[HeaderFailedAt] = f.At.UTC().Format(time.RFC3339Nano)
 	headers[HeaderFailedBy] = f.Instance
 	headers[HeaderOriginalQueue] = f.Queue
@@ -87,6 +94,23 @@ func publishing(d amqp.Delivery, headers amqp.Table) amqp.Publishing {
 		AppId:           d.AppId,
 		Body:            d.Body,
 	}
+}
+
+// ReplayCount returns the x-replay-count in headers, 0 without one. A
+// parked letter's headers went through JSON (the outbox), so a number may
+// come back as a float64.
+func ReplayCount(headers amqp.Table) int64 {
+	switch c := headers[HeaderReplayCount].(type) {
+	case int64:
+		return c
+	case int32:
+		return int64(c)
+	case int:
+		return int64(c)
+	case float64:
+		return int64(c)
+	}
+	return 0
 }
 
 // DeliveryCount returns a quorum queue delivery's x-delivery-count: 0 on the

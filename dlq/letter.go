@@ -11,9 +11,13 @@ import (
 
 // Letter is one dead letter as a person triaging the DLQ needs to see it.
 type Letter struct {
-	EventID    string
-	Class      string // x-failure-class, or the broker's reason (delivery_limit, rejected, …)
-	Reason     string
+	EventID string
+	Class   string // x-failure-class, or the broker's reason (delivery_limit, rejected, …)
+	Reason  string
+	// Group is the failure's fingerprint: its x-failure-group, else (a
+	// letter dead-lettered by the broker, or by a release before the
+	// header) Fingerprint of its class and reason, computed the same way.
+	Group      string
 	Queue      string // where it failed
 	RoutingKey string // the original routing key, which replay uses
 	FailedAt   time.Time
@@ -24,6 +28,11 @@ type Letter struct {
 	// failed before). Zero when they show none: x-first-death-* and
 	// x-last-death-* carry no time.
 	DeadSince time.Time
+	// Replays is how often Replay put the letter back (x-replay-count;
+	// 1 for a letter with only x-replayed-at, put back by a release
+	// before the count), LastReplay when last (x-replayed-at).
+	Replays    int64
+	LastReplay time.Time
 }
 
 // Describe reads a dead letter's headers: the service's own when it
@@ -31,6 +40,8 @@ type Letter struct {
 // (delivery limit reached, or a reject without requeue).
 func Describe(d amqp.Delivery) Letter {
 	l := describe(d)
+	l.Group = group(d.Headers, l)
+	l.Replays, l.LastReplay = replays(d.Headers)
 	l.DeadSince = deadSince(d.Headers)
 	return l
 }
@@ -75,6 +86,32 @@ func describe(d amqp.Delivery) Letter {
 	}
 	l.Class, l.Reason = "unknown", "no failure headers"
 	return l
+}
+
+// group returns the fingerprint a letter carries, when the service
+// dead-lettered it (its class header is there), else the one computed
+// from its class and reason.
+func group(headers amqp.Table, l Letter) string {
+	if _, ours := headers[HeaderClass].(string); ours {
+		if g, ok := headers[HeaderGroup].(string); ok && g != "" {
+			return g
+		}
+	}
+	return Fingerprint(l.Class, l.Reason)
+}
+
+// replays returns how often headers say a letter was put back, and when
+// last.
+func replays(headers amqp.Table) (int64, time.Time) {
+	var last time.Time
+	if s, ok := headers[HeaderReplayedAt].(string); ok {
+		last, _ = time.Parse(time.RFC3339Nano, s)
+	}
+	n := ReplayCount(headers)
+	if n == 0 && !last.IsZero() {
+		n = 1
+	}
+	return n, last
 }
 
 // deadSince returns the earliest of the times headers show a dead letter
@@ -138,6 +175,7 @@ type Filter struct {
 	Class   string // exact
 	Reason  string // substring of the reason
 	EventID string // exact
+	Group   string // exact: the fingerprint (Letter.Group)
 	// FailedAfter, when set, leaves out letters that failed before it. A
 	// letter older than the inbox retention may be an event that was
 	// applied and whose inbox row is gone: replaying it would apply it again.
@@ -156,7 +194,8 @@ func (f Filter) Match(l Letter) bool {
 func (f Filter) selects(l Letter) bool {
 	return (f.Class == "" || f.Class == l.Class) &&
 		(f.Reason == "" || strings.Contains(l.Reason, f.Reason)) &&
-		(f.EventID == "" || f.EventID == l.EventID)
+		(f.EventID == "" || f.EventID == l.EventID) &&
+		(f.Group == "" || f.Group == l.Group)
 }
 
 // since is the time l is judged by: DeadSince, else (a Letter not made by

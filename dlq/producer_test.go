@@ -51,7 +51,7 @@ func TestReplayHeadersKeepTheFirstProducer(t *testing.T) {
 		"x-death": []interface{}{}, "x-delivery-count": int64(2), "traceparent": "00-abc"}
 	h := replayHeaders(from, "run1", "payments-api", at)
 	want := amqp.Table{HeaderOriginalUser: "payments-api", HeaderReplayRun: "run1",
-		HeaderReplayedAt: "2026-01-02T03:04:05Z", "traceparent": "00-abc"}
+		HeaderReplayedAt: "2026-01-02T03:04:05Z", HeaderReplayCount: int64(1), "traceparent": "00-abc"}
 	if len(h) != len(want) {
 		t.Fatalf("headers %v, want %v", h, want)
 	}

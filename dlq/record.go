@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -139,31 +138,7 @@ func (w Lines) Record(d amqp.Delivery, l Letter) error {
 	if err != nil {
 		return fmt.Errorf("encode the record: %w", err)
 	}
-	line = append(line, '\n')
-	f, ok := w.W.(*os.File)
-	if ok {
-		if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
-			ok = false // a pipe or a terminal: nothing to sync or cut
-		}
-	}
-	if !ok {
-		if _, err := w.W.Write(line); err != nil {
-			return fmt.Errorf("write the record: %w", err)
-		}
-		return nil
-	}
-	fi, err := f.Stat()
-	if err != nil {
-		return fmt.Errorf("write the record to %s: %w", f.Name(), err)
-	}
-	if _, err = f.Write(line); err == nil {
-		err = f.Sync()
-	}
-	if err != nil {
-		_ = f.Truncate(fi.Size()) // appended: what was there before stays whole
-		return fmt.Errorf("write the record to %s: %w", f.Name(), err)
-	}
-	return nil
+	return appendLine(w.W, append(line, '\n'))
 }
 
 // ReadRecords reads back the records Lines wrote to r, one JSON object a

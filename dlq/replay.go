@@ -7,59 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
-
-// Group counts the dead letters of one class and reason.
-type Group struct {
-	Class, Reason string
-	Count         int
-}
-
-// Summary is what List found in the dead-letter queue.
-type Summary struct {
-	Total   int
-	Groups  []Group  // largest first
-	Letters []Letter // the first ones, in queue order
-}
-
-// List reads the dead letters of the topology with prefix without removing
-// any: as many as the DLQ held when it started (letters that arrive while it
-// reads wait for the next look), holding them unacknowledged while it reads
-// and then returning them all. The DLQ has no delivery limit, so returning
-// them never drops one (on 3.x they go back to the tail, so the order
-// rotates). It keeps the first `first` letters in the summary.
-func List(conn *amqp.Connection, prefix string, first int) (Summary, error) {
-	var s Summary
-	ch, err := conn.Channel()
-	if err != nil {
-		return s, fmt.Errorf("open channel: %w", err)
-	}
-	defer ch.Close() // returns anything still held, should scan fail
-	counts := map[[2]string]int{}
-	_, _, err = scan(ch, Queue(prefix), func(_ amqp.Delivery, l Letter) (bool, bool, error) {
-		s.Total++
-		counts[[2]string{l.Class, l.Reason}]++
-		if len(s.Letters) < first {
-			s.Letters = append(s.Letters, l)
-		}
-		return true, false, nil
-	})
-	for k, n := range counts {
-		s.Groups = append(s.Groups, Group{Class: k[0], Reason: k[1], Count: n})
-	}
-	sort.Slice(s.Groups, func(i, j int) bool {
-		if s.Groups[i].Count != s.Groups[j].Count {
-			return s.Groups[i].Count > s.Groups[j].Count
-		}
-		return s.Groups[i].Class+s.Groups[i].Reason < s.Groups[j].Class+s.Groups[j].Reason
-	})
-	return s, err
-}
 
 // ReplayReport says what Replay did.
 type ReplayReport struct {
@@ -74,6 +26,22 @@ type ReplayReport struct {
 	// left in the DLQ because their class cannot apply again (see
 	// Unreplayable) and the filter did not name it.
 	Unreplayable map[string]int
+	// Published counts the letters published, Replayed those of them
+	// confirmed and removed from the DLQ: one more was published only when
+	// the run failed on it.
+	Published int
+	// Interrupted says the run stopped because its context ended.
+	Interrupted bool
+}
+
+// Skipped counts the letters the filter selected that the run left in the
+// DLQ on purpose: too old, undated, or of a class that cannot apply again.
+func (r ReplayReport) Skipped() int {
+	n := r.TooOld + r.Undated
+	for _, k := range r.Unreplayable {
+		n += k
+	}
+	return n
 }
 
 // Replay publishes the dead letters that match f back to the topology's
@@ -141,6 +109,18 @@ func connUser(conn *amqp.Connection) string {
 // service judges a replayed letter by the producer that first sent it,
 // never by the replaying user.
 func ReplayAs(conn *amqp.Connection, prefix string, f Filter, limit int, dryRun bool, c Custody) (ReplayReport, error) {
+	return ReplayPaced(context.Background(), conn, prefix, f, limit, dryRun, c, Pace{})
+}
+
+// ReplayPaced is ReplayAs at p's rate, telling p.Progress after each letter,
+// until ctx ends. An end of ctx stops the run between two letters: the
+// letter being republished is confirmed and removed first, the next is
+// not published, and every letter not removed goes back to the DLQ, so
+// each is either confirmed republished or still in the DLQ, and a run
+// started again goes on with those. The report then says Interrupted; the
+// error is nil unless something failed.
+func ReplayPaced(ctx context.Context, conn *amqp.Connection, prefix string, f Filter, limit int, dryRun bool,
+	c Custody, p Pace) (ReplayReport, error) {
 	if c.User == "" {
 		c.User = connUser(conn)
 	}
@@ -152,11 +132,23 @@ func ReplayAs(conn *amqp.Connection, prefix string, f Filter, limit int, dryRun 
 	defer ch.Close() // returns anything still held, should scan fail
 	var returns chan amqp.Return
 	var closes chan *amqp.Error
-	r.Scanned, r.Depth, err = scan(ch, Queue(prefix), func(d amqp.Delivery, l Letter) (bool, bool, error) {
+	lim := p.limiter()
+	start := time.Now()
+	var depth, scanned int // as the scan goes
+	r.Scanned, r.Depth, err = scanTold(ch, Queue(prefix), func(n int) { depth = n }, func(d amqp.Delivery, l Letter) (bool, bool, error) {
+		scanned++
+		if ctx.Err() != nil {
+			r.Interrupted = true
+			return false, false, nil // this letter goes back
+		}
 		if !r.shouldReplay(d, l, f) {
 			return true, false, nil
 		}
 		if !dryRun {
+			if lim != nil && lim.Wait(ctx) != nil {
+				r.Interrupted = true
+				return false, false, nil
+			}
 			if returns == nil {
 				if err := ch.Confirm(false); err != nil {
 					return false, false, fmt.Errorf("confirm mode: %w", err)
@@ -164,6 +156,7 @@ func ReplayAs(conn *amqp.Connection, prefix string, f Filter, limit int, dryRun 
 				returns = ch.NotifyReturn(make(chan amqp.Return, 1))
 				closes = ch.NotifyClose(make(chan *amqp.Error, 1))
 			}
+			r.Published++
 			if err := republish(ch, returns, prefix, r.Run, c.User, LetterProducer(d, c.replayer), d, l); err != nil {
 				return false, false, fmt.Errorf("replay event %s: %w", l.EventID, Explain(err, closes, prefix))
 			}
@@ -172,6 +165,9 @@ func ReplayAs(conn *amqp.Connection, prefix string, f Filter, limit int, dryRun 
 			}
 		}
 		r.Replayed = append(r.Replayed, l)
+		if p.Progress != nil {
+			p.Progress(Progress{Replayed: len(r.Replayed), Scanned: scanned, Depth: depth, Elapsed: time.Since(start)})
+		}
 		return limit == 0 || len(r.Replayed) < limit, !dryRun, nil
 	})
 	return r, err
@@ -235,7 +231,9 @@ func republish(ch *amqp.Channel, returns <-chan amqp.Return, prefix, run, user, 
 
 // replayHeaders returns the headers of a letter put back by run at now: the
 // letter's own, less the failure headers (x-original-user-id among them,
-// whatever the letter said), with producer as x-original-user-id when set.
+// whatever the letter said), with producer as x-original-user-id when set,
+// and its history: x-replay-count one more than the letter's (see
+// Letter.Replays), x-replayed-at now.
 func replayHeaders(from amqp.Table, run, producer string, now time.Time) amqp.Table {
 	headers := amqp.Table{}
 	for k, v := range from {
@@ -246,6 +244,8 @@ func replayHeaders(from amqp.Table, run, producer string, now time.Time) amqp.Ta
 		}
 		headers[k] = v
 	}
+	n, _ := replays(from)
+	headers[HeaderReplayCount] = n + 1
 	headers[HeaderReplayedAt] = now.UTC().Format(time.RFC3339Nano)
 	headers[HeaderReplayRun] = run
 	if producer != "" {

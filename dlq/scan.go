@@ -39,6 +39,13 @@ type queueReader interface {
 // channel, which returns anything still held.
 func scan(ch queueReader, queue string,
 	visit func(amqp.Delivery, Letter) (more, acked bool, err error)) (scanned, depth int, err error) {
+	return scanTold(ch, queue, nil, visit)
+}
+
+// scanTold is scan, telling told (when set) the depth it bounds itself by
+// before it visits the first message.
+func scanTold(ch queueReader, queue string, told func(depth int),
+	visit func(amqp.Delivery, Letter) (more, acked bool, err error)) (scanned, depth int, err error) {
 	var held uint64 // the highest delivery tag not acked
 	var visitErr error
 	for scanned == 0 || scanned < depth {
@@ -60,6 +67,9 @@ func scan(ch queueReader, queue string,
 				return 0, 0, fmt.Errorf("read the depth of %s: %w", queue, err) // closing the channel returns d
 			}
 			depth = 1 + q.Messages
+			if told != nil {
+				told(depth)
+			}
 		}
 		scanned++
 		more, acked, err := visit(d, Describe(d))

@@ -149,3 +149,19 @@ func TestReplayableSkipsTheRunsOwnLetters(t *testing.T) {
 		}
 	}
 }
+
+// A paced replay's progress says what is left of the depth as it goes: the
+// depth is told before the first visit.
+func TestScanToldTheDepthBeforeTheFirstVisit(t *testing.T) {
+	q := newFakeQueue(4)
+	told := 0
+	_, depth, err := scanTold(q, "transfers.dlq", func(n int) { told = n }, func(amqp.Delivery, Letter) (bool, bool, error) {
+		if told != 4 {
+			t.Errorf("visited with the depth told %d, want 4", told)
+		}
+		return true, false, nil
+	})
+	if err != nil || depth != 4 {
+		t.Fatalf("scan: depth %d, %v", depth, err)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -48,41 +49,7 @@ func TestDLQInTheBrowser(t *testing.T) {
 	b := newBrowser(t, chromium)
 	b.managementLogin(base, user, password)
 
-	b.step("open "+queue+"'s page in vhost "+e.vhost, 30*time.Second,
-		chromedp.Evaluate[chromedp.Void](`location.hash = `+jsString(queuePageHash(e.vhost, queue))),
-		chromedp.WaitReady(chromedp.CSS(`form[action="#/queues/get"]`)),
-		chromedp.WaitVisible(chromedp.Search(`//h1[contains(., `+jsString(queue)+`)]`)),
-	)
-	b.clickStill(`open "Get messages"`, `//h2[normalize-space(.)="Get messages"]`)
-	b.step(`wait for the "Get messages" form`, 30*time.Second,
-		chromedp.WaitVisible(chromedp.CSS(`form[action="#/queues/get"] select[name="ackmode"]`)))
-	// The Ack mode is chosen by the label a person reads, not by the
-	// option's value.
-	b.choose(`form[action="#/queues/get"] select[name="ackmode"]`, "Nack message requeue true")
-	b.step("ask for 3 messages", 10*time.Second,
-		chromedp.SetValue(chromedp.CSS(`form[action="#/queues/get"] input[name="count"]`), "3"))
-	b.clickStill("press Get Message(s)", `form[action="#/queues/get"] input[type="submit"]`)
-	b.step("wait for the letters", 30*time.Second,
-		chromedp.WaitVisible(chromedp.CSS(`#msg-wrapper div.box:nth-of-type(3)`)))
-	// The letters slide in: wait until the last one is shown whole.
-	browserRun(b, "wait for the letters to be shown whole", 10*time.Second, chromedp.Poll[bool](`(() => {
-		const w = document.getElementById('msg-wrapper'), boxes = w.querySelectorAll('div.box');
-		return boxes.length >= 3 && w.scrollHeight <= w.clientHeight + 1 &&
-			boxes[boxes.length - 1].getBoundingClientRect().bottom <= w.getBoundingClientRect().bottom + 1;
-	})()`))
-
-	// What the page shows of each letter: its rendered text, and each
-	// row of its tables (the properties, and the headers inside them) as
-	// name → rendered value.
-	shown := browserRun(b, "read the letters on the page", 10*time.Second, chromedp.Evaluate[[]shownLetter](`
-		[...document.querySelectorAll('#msg-wrapper div.box')].map(box => {
-			const rows = {};
-			for (const tr of box.querySelectorAll('tr')) {
-				const th = tr.querySelector(':scope > th'), td = tr.querySelector(':scope > td');
-				if (th && td) rows[th.innerText.trim().replace(/:$/, '')] = td.innerText.trim();
-			}
-			return {text: box.innerText, rows: rows};
-		})`))
+	shown := b.getMessages(e, queue, len(want))
 	if len(shown) != len(want) {
 		t.Errorf("the page shows %d letters, want %d", len(shown), len(want))
 	}
@@ -130,6 +97,48 @@ func TestDLQInTheBrowser(t *testing.T) {
 			t.Errorf("the %s letter (message_id %s) is gone from the DLQ after looking at it", w.class, id)
 		}
 	}
+}
+
+// getMessages opens queue's page in e's vhost, asks for count messages
+// with Ack mode "Nack message requeue true", as a person does, and returns
+// what the page shows of each.
+func (b *browser) getMessages(e *env, queue string, count int) []shownLetter {
+	e.t.Helper()
+	b.step("open "+queue+"'s page in vhost "+e.vhost, 30*time.Second,
+		chromedp.Evaluate[chromedp.Void](`location.hash = `+jsString(queuePageHash(e.vhost, queue))),
+		chromedp.WaitReady(chromedp.CSS(`form[action="#/queues/get"]`)),
+		chromedp.WaitVisible(chromedp.Search(`//h1[contains(., `+jsString(queue)+`)]`)),
+	)
+	b.clickStill(`open "Get messages"`, `//h2[normalize-space(.)="Get messages"]`)
+	b.step(`wait for the "Get messages" form`, 30*time.Second,
+		chromedp.WaitVisible(chromedp.CSS(`form[action="#/queues/get"] select[name="ackmode"]`)))
+	// The Ack mode is chosen by the label a person reads, not by the
+	// option's value.
+	b.choose(`form[action="#/queues/get"] select[name="ackmode"]`, "Nack message requeue true")
+	b.step(fmt.Sprintf("ask for %d messages", count), 10*time.Second,
+		chromedp.SetValue(chromedp.CSS(`form[action="#/queues/get"] input[name="count"]`), strconv.Itoa(count)))
+	b.clickStill("press Get Message(s)", `form[action="#/queues/get"] input[type="submit"]`)
+	b.step("wait for the letters", 30*time.Second,
+		chromedp.WaitVisible(chromedp.CSS(fmt.Sprintf(`#msg-wrapper div.box:nth-of-type(%d)`, count))))
+	// The letters slide in: wait until the last one is shown whole.
+	browserRun(b, "wait for the letters to be shown whole", 10*time.Second, chromedp.Poll[bool](`(() => {
+		const w = document.getElementById('msg-wrapper'), boxes = w.querySelectorAll('div.box');
+		return boxes.length >= `+strconv.Itoa(count)+` && w.scrollHeight <= w.clientHeight + 1 &&
+			boxes[boxes.length - 1].getBoundingClientRect().bottom <= w.getBoundingClientRect().bottom + 1;
+	})()`))
+
+	// What the page shows of each letter: its rendered text, and each
+	// row of its tables (the properties, and the headers inside them) as
+	// name → rendered value.
+	return browserRun(b, "read the letters on the page", 10*time.Second, chromedp.Evaluate[[]shownLetter](`
+		[...document.querySelectorAll('#msg-wrapper div.box')].map(box => {
+			const rows = {};
+			for (const tr of box.querySelectorAll('tr')) {
+				const th = tr.querySelector(':scope > th'), td = tr.querySelector(':scope > td');
+				if (th && td) rows[th.innerText.trim().replace(/:$/, '')] = td.innerText.trim();
+			}
+			return {text: box.innerText, rows: rows};
+		})`))
 }
 
 // shownLetter is one letter as the management UI renders it.

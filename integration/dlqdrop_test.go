@@ -365,6 +365,18 @@ func TestDLQDropAsksBeforeDropping(t *testing.T) {
 // already typed on it, as a person at a terminal does.
 func typed(t *testing.T, answer string) *os.File {
 	t.Helper()
+	master, term := newPTY(t)
+	if _, err := master.WriteString(answer); err != nil {
+		t.Fatal(err)
+	}
+	return term
+}
+
+// newPTY returns the two ends of a new pseudo-terminal, closed when the
+// test ends: master is the side a terminal emulator holds, term the side a
+// program reads and writes as its terminal.
+func newPTY(t *testing.T) (master, term *os.File) {
+	t.Helper()
 	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -378,15 +390,12 @@ func typed(t *testing.T, answer string) *os.File {
 	if err := ioctl(master, syscall.TIOCGPTN, unsafe.Pointer(&n)); err != nil {
 		t.Fatalf("name the pseudo-terminal: %v", err)
 	}
-	term, err := os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
+	term, err = os.OpenFile(fmt.Sprintf("/dev/pts/%d", n), os.O_RDWR|syscall.O_NOCTTY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { term.Close() })
-	if _, err := master.WriteString(answer); err != nil {
-		t.Fatal(err)
-	}
-	return term
+	return master, term
 }
 
 func ioctl(f *os.File, req uintptr, arg unsafe.Pointer) error {
