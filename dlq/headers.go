@@ -96,11 +96,18 @@ func publishing(d amqp.Delivery, headers amqp.Table) amqp.Publishing {
 	}
 }
 
-// ReplayCount returns the x-replay-count in headers, 0 without one. A
-// parked letter's headers went through JSON (the outbox), so a number may
-// come back as a float64.
-func ReplayCount(headers amqp.Table) int64 {
-	switch c := headers[HeaderReplayCount].(type) {
+// ReplayCount returns the x-replay-count in headers, 0 without one.
+func ReplayCount(headers amqp.Table) int64 { return headerInt(headers, HeaderReplayCount) }
+
+// DeliveryCount returns a quorum queue delivery's x-delivery-count: 0 on the
+// first delivery, when the broker leaves the header out.
+func DeliveryCount(headers amqp.Table) int64 { return headerInt(headers, "x-delivery-count") }
+
+// headerInt returns the integer in headers[key], 0 without one. The broker
+// sends it as whatever width it chose; a parked letter's headers went
+// through JSON (the outbox), so a number may come back as a float64.
+func headerInt(headers amqp.Table, key string) int64 {
+	switch c := headers[key].(type) {
 	case int64:
 		return c
 	case int32:
@@ -108,20 +115,6 @@ func ReplayCount(headers amqp.Table) int64 {
 	case int:
 		return int64(c)
 	case float64:
-		return int64(c)
-	}
-	return 0
-}
-
-// DeliveryCount returns a quorum queue delivery's x-delivery-count: 0 on the
-// first delivery, when the broker leaves the header out.
-func DeliveryCount(headers amqp.Table) int64 {
-	switch c := headers["x-delivery-count"].(type) {
-	case int64:
-		return c
-	case int32:
-		return int64(c)
-	case int:
 		return int64(c)
 	}
 	return 0
