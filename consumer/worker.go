@@ -288,11 +288,11 @@ func (w *worker) settle(cmd command) error {
 		}
 		w.kickOutbox(cmd.Settled)
 	case cmdReject:
+		w.svc.log.Warn("rejecting to the queue's own dead-lettering: the dead-letter copy was not confirmed",
+			"queue", w.queue, "event_id", w.eventID(cmd.Settled[0].Slot))
 		// A refused copy: the queue's own at-least-once dead-lettering
 		// takes the message instead.
 		id := w.eventID(cmd.Settled[0].Slot)
-		w.svc.log.Warn("rejecting to the queue's own dead-lettering: the dead-letter copy was not confirmed",
-			"queue", w.queue, "event_id", id)
 		err := w.ch.Reject(cmd.Tag, false)
 		w.settled(cmd.Settled, err)
 		if err != nil {
