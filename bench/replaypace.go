@@ -38,7 +38,7 @@ type replayPaceResult struct {
 // replayPaceRun is one `dlq replay` of one group.
 type replayPaceRun struct {
 	Load  string  `json:"load"` // idle, drain or burn
-	Rate  float64 `json:"rate"` // letters/s asked
+	Rate  float64 `json:"rate"` // letters/s asked; 0: no limit
 	Flag  string  `json:"rate_flag"`
 	Round int     `json:"round"`
 	// Letters in the DLQ, all of one group; Replayed, what the run's
@@ -74,6 +74,7 @@ type replayPaceCell struct {
 	Load        string  `json:"load"`
 	Rate        float64 `json:"rate"`
 	Letters     int     `json:"letters"`
+	PerSec      float64 `json:"median_letters_per_sec"`
 	Ratio       float64 `json:"median_ratio"`
 	MinRatio    float64 `json:"min_ratio"`
 	MaxRatio    float64 `json:"max_ratio"`
@@ -108,7 +109,7 @@ func letterGroup() string {
 // backlog (drain), or beside two CPU-bound shells (burn).
 func runReplayPace(args []string) {
 	fs := flag.NewFlagSet("replaypace", flag.ExitOnError)
-	ratesFlag := fs.String("rates", "50,default,500", "rates to ask, letters/s; default: leave --rate out (dlq.DefaultRate, 100)")
+	ratesFlag := fs.String("rates", "50,default,500", "rates to ask, letters/s; default: leave --rate out (dlq.DefaultRate, 100); 0: --rate 0, no limit (how fast a replay can go)")
 	loadsFlag := fs.String("loads", "idle,drain", "the machine during each replay: idle, drain (the service draining a backlog beside it), burn (two CPU-bound shells)")
 	letters := fs.Int("letters", 1000, "letters in the group, at least")
 	minSeconds := fs.Float64("min-seconds", 10, "more letters at a rate where -letters would take less than this")
@@ -125,7 +126,7 @@ func runReplayPace(args []string) {
 			continue
 		}
 		r, err := strconv.ParseFloat(s, 64)
-		if err != nil || r <= 0 {
+		if err != nil || r < 0 {
 			fail(fmt.Errorf("-rates: %q is not a rate", s))
 		}
 		rates, flags = append(rates, r), append(flags, s)
@@ -137,7 +138,14 @@ func runReplayPace(args []string) {
 		}
 	}
 	count := func(rate float64) int { return max(*letters, int(rate**minSeconds)) }
-	backlogFor := func(rate float64) int { return int((float64(count(rate))/rate + 5) * float64(*drainRate)) }
+	// A replay without a limit (rate 0) is sized for 200 letters a second,
+	// about what one does beside the drain.
+	backlogFor := func(rate float64) int {
+		if rate == 0 {
+			rate = 200
+		}
+		return int((float64(count(rate))/rate + 5) * float64(*drainRate))
+	}
 	most, mostLetters := 0, 0
 	for _, r := range rates {
 		most, mostLetters = max(most, backlogFor(r)), max(mostLetters, count(r))
@@ -168,7 +176,7 @@ func runReplayPace(args []string) {
 					fail(fmt.Errorf("%s, rate %g, round %d: %w", l, rates[i], round, err))
 				}
 				r.Round = round
-				fmt.Printf("%-5s %4g/s  round %d: %d letters in %.2f s (process %.2f s): %.1f/s, ×%.3f of the rate (bound ×%.3f); CPU busy %.0f%%; drain %.0f events/s, %d left\n",
+				fmt.Printf("%-5s %4g/s  round %d: %d letters in %.2f s (process %.2f s): %.1f/s, ×%.3f of the rate (bound ×%.3f; 0: no limit); CPU busy %.0f%%; drain %.0f events/s, %d left\n",
 					l, r.Rate, round, r.Replayed, r.Seconds, r.WallSeconds, r.PerSec, r.Ratio, r.Bound, 100*r.Busy, r.DrainPerSec, r.Unapplied)
 				res.Runs = append(res.Runs, r)
 				if err := writeReplayPace(*out, res); err != nil {
@@ -180,21 +188,21 @@ func runReplayPace(args []string) {
 	for _, l := range loads {
 		for i, rate := range rates {
 			c := replayPaceCell{Load: l, Rate: rate, Letters: count(rate), MinRatio: 1e9}
-			var ratio, secs, busy, drain []float64
+			var perSec, ratio, secs, busy, drain []float64
 			for _, r := range res.Runs {
 				if r.Load != l || r.Flag != flags[i] {
 					continue
 				}
-				ratio, secs, busy = append(ratio, r.Ratio), append(secs, r.Seconds), append(busy, r.Busy)
+				perSec, ratio, secs, busy = append(perSec, r.PerSec), append(ratio, r.Ratio), append(secs, r.Seconds), append(busy, r.Busy)
 				if r.DrainPerSec > 0 {
 					drain = append(drain, r.DrainPerSec)
 				}
 				c.MinRatio, c.MaxRatio, c.MaxBound = min(c.MinRatio, r.Ratio), max(c.MaxRatio, r.Ratio), max(c.MaxBound, r.Bound)
 			}
-			c.Ratio, c.Seconds, c.Busy, c.DrainPerSec = medianOf(ratio), medianOf(secs), medianOf(busy), medianOf(drain)
+			c.PerSec, c.Ratio, c.Seconds, c.Busy, c.DrainPerSec = medianOf(perSec), medianOf(ratio), medianOf(secs), medianOf(busy), medianOf(drain)
 			res.Summary = append(res.Summary, c)
-			fmt.Printf("%-5s %4g/s, %d letters: ×%.3f of the rate (%.3f–%.3f; bound at most ×%.3f), %.2f s, CPU busy %.0f%%\n",
-				l, rate, c.Letters, c.Ratio, c.MinRatio, c.MaxRatio, c.MaxBound, c.Seconds, 100*c.Busy)
+			fmt.Printf("%-5s %4g/s, %d letters: %.1f/s, ×%.3f of the rate (%.3f–%.3f; bound at most ×%.3f; 0: no limit), %.2f s, CPU busy %.0f%%\n",
+				l, rate, c.Letters, c.PerSec, c.Ratio, c.MinRatio, c.MaxRatio, c.MaxBound, c.Seconds, 100*c.Busy)
 		}
 	}
 	if err := writeReplayPace(*out, res); err != nil {
@@ -362,8 +370,10 @@ func (h *harness) replayPace(l string, rate float64, rateFlag string, n, drain, 
 	}
 	r.Seconds = rec.Ended.Sub(rec.Started).Seconds()
 	r.PerSec = float64(r.Replayed) / r.Seconds
-	r.Ratio = r.PerSec / rate
-	r.Bound = float64(r.Replayed-1) / r.Seconds / rate
+	if rate > 0 {
+		r.Ratio = r.PerSec / rate
+		r.Bound = float64(r.Replayed-1) / r.Seconds / rate
+	}
 	if drain > 0 {
 		r.DrainPerSec = float64(appliedAfter-appliedBefore) / r.WallSeconds
 		r.Unapplied = drain + r.Replayed - appliedAfter
