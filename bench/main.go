@@ -53,6 +53,9 @@ func main() {
 		case "reconcile-scale":
 			runReconcileScale(os.Args[2:])
 			return
+		case "replaypace":
+			runReplayPace(os.Args[2:])
+			return
 		}
 	}
 	queues := flag.String("queues", "1,8,32", "queue counts to measure")
