@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"crypto/rand"
 	"database/sql"
 	"encoding/hex"
@@ -695,36 +694,11 @@ func (h *harness) settle() error {
 // publish sends the backlog with publisher confirms, 1,000 outstanding at a
 // time, before any clock starts.
 func (h *harness) publish(vhostURL string) error {
-	conn, ch, err := confirmChannel(vhostURL)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	ctx := context.Background()
-	var pending []*amqp.DeferredConfirmation
-	flush := func() error {
-		for _, dc := range pending {
-			if ok, err := dc.WaitContext(ctx); err != nil || !ok {
-				return fmt.Errorf("not confirmed: %v", err)
-			}
+	return publishConfirmed(vhostURL, "transfers", len(h.bodies), func(i int) (string, amqp.Publishing) {
+		return h.keys[i], amqp.Publishing{
+			DeliveryMode: amqp.Persistent, ContentType: "application/json", Body: h.bodies[i], UserId: h.userID,
 		}
-		pending = pending[:0]
-		return nil
-	}
-	for i, b := range h.bodies {
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, "transfers", h.keys[i], false, false, amqp.Publishing{
-			DeliveryMode: amqp.Persistent, ContentType: "application/json", Body: b, UserId: h.userID,
-		})
-		if err != nil {
-			return err
-		}
-		if pending = append(pending, dc); len(pending) == 1000 {
-			if err := flush(); err != nil {
-				return err
-			}
-		}
-	}
-	return flush()
+	})
 }
 
 // confirmChannel connects to vhostURL and opens a channel in confirm mode.
