@@ -36,7 +36,10 @@ import (
 //   - nothing is applied twice, and each account's balance is the sum of
 //     the events applied to it, each once, even when a COMMIT's answer is
 //     lost;
-//   - each account's events are applied in publish order;
+//   - each account's events are applied in publish order, but for a
+//     message dead-lettered for the bug that panics on every message:
+//     its later events go on, and should its ack be lost, a delivery
+//     after the bug healed applies it after them, as a replay would;
 //   - nothing reaches the DLQ that the message did not cause, but for one
 //     letter per worker when a bug makes every message panic;
 //   - at most one letter reaches the DLQ per delivery;
